@@ -1,0 +1,178 @@
+"""The cache interface every backend implements.
+
+A cache is a content-addressed store plus a reference table, as in Bazel's CAS/AC and the Hugging Face hub
+cache (see DESIGN.md, "Cache layout"):
+
+- blobs: immutable bytes named by the sha256 hex digest of their *uncompressed* content.  Every read is
+  verified against the digest; a mismatch is dropped, counted under ``errors`` and reported as a miss.
+- refs: a mutable name (an artifact key, 64 hex chars) pointing at a blob digest (the artifact's manifest).
+- counters: named integers (hits, misses, builds, puts, bytes_read, bytes_written, errors, evictions) that
+  outlive the process; ``stats()`` adds ``hit_rate``.
+
+Misses are the :data:`MISS` sentinel, never ``None`` or an exception (dogpile's ``NO_VALUE``).
+
+Error policy, the same in every method of every backend: a backend raises :class:`CacheError` subclasses
+(``CacheUnavailableError`` when storage cannot be reached, ``CacheReadOnlyError`` for a write to a read-only
+cache); it never returns wrong bytes.  The artifact layer turns every ``CacheError`` into a miss or a skipped
+write, logs it once and counts it: the user's call never fails because of the cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from typing import Final
+
+#: Names of the counters every backend keeps.
+COUNTERS: Final = ("hits", "misses", "builds", "puts", "bytes_read", "bytes_written", "errors", "evictions")
+
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+class _Miss:
+    """Type of :data:`MISS`; falsy, one instance."""
+
+    _instance = None
+
+    def __new__(cls):
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __repr__(self) -> str:
+        return "MISS"
+
+
+#: Returned by ``get_blob``/``get_ref`` when nothing (valid) is stored under the name.
+MISS: Final = _Miss()
+
+
+def digest_bytes(data: bytes | bytearray | memoryview) -> str:
+    """sha256 hex digest (64 lowercase hex chars) of ``data``: the name of a blob."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def check_name(name: str, what: str = "digest") -> str:
+    """Return ``name`` if it is 64 lowercase hex chars.
+
+    Raises:
+        ValueError: otherwise, naming ``what`` it was meant to be (a digest or an artifact key).
+    """
+    if not isinstance(name, str) or not _HEX64.match(name):
+        raise ValueError(f"a {what} must be 64 lowercase hex characters, got {name!r}")
+    return name
+
+
+def hit_rate(counters: dict[str, int]) -> float:
+    """hits / (hits + misses), 0.0 when there was no lookup."""
+    total = counters.get("hits", 0) + counters.get("misses", 0)
+    return counters.get("hits", 0) / total if total else 0.0
+
+
+class Cache(ABC):
+    """A blob store + ref table + counters.  Subclasses: ``LocalCache`` (``file://``), later Redis and tiered.
+
+    Attributes:
+        url: the URL that opens this cache again (``open_cache(cache.url)``), without secrets.
+        read_only: True when every write raises :class:`CacheReadOnlyError`.
+    """
+
+    url: str
+    read_only: bool = False
+
+    # ----------------------------------------------------------------------------------------------- blobs
+    @abstractmethod
+    def get_blob(self, digest: str) -> bytes | _Miss:
+        """Bytes of blob ``digest`` (uncompressed, verified), or :data:`MISS`.
+
+        A stored copy whose content does not hash to ``digest`` (flipped byte, truncation) is deleted,
+        counted under ``errors``, and reported as :data:`MISS`.
+
+        Raises:
+            CacheUnavailableError: the storage cannot be reached.
+        """
+
+    def get_blobs(self, digests: list[str]) -> dict[str, bytes | _Miss]:
+        """``{digest: bytes or MISS}`` for each digest; backends may fetch in parallel or pipelined."""
+        return {d: self.get_blob(d) for d in digests}
+
+    @abstractmethod
+    def has_blob(self, digest: str) -> bool:
+        """True if a blob is stored under ``digest`` (not verified; a cheap existence check)."""
+
+    @abstractmethod
+    def put_blob(self, data: bytes, digest: str | None = None) -> str:
+        """Store ``data`` (idempotent) and return its digest.
+
+        ``digest``, if given, must be :func:`digest_bytes` of ``data``; it saves hashing twice.
+
+        Raises:
+            ValueError: ``digest`` is given and does not match ``data``.
+            CacheReadOnlyError: the cache is read-only.
+            CacheUnavailableError: the storage cannot be reached or is full.
+        """
+
+    # ------------------------------------------------------------------------------------------------ refs
+    @abstractmethod
+    def get_ref(self, key: str) -> str | _Miss:
+        """The digest stored under artifact key ``key``, or :data:`MISS`.  A hit refreshes its LRU time.
+
+        Raises:
+            CacheUnavailableError: the storage cannot be reached.
+        """
+
+    @abstractmethod
+    def set_ref(self, key: str, digest: str) -> None:
+        """Point ``key`` at ``digest``, atomically.  Callers write every blob the ref names first.
+
+        Raises:
+            CacheReadOnlyError: the cache is read-only.
+            CacheUnavailableError: the storage cannot be reached.
+        """
+
+    @abstractmethod
+    def delete_ref(self, key: str) -> bool:
+        """Remove ``key``; True if it existed.
+
+        Raises:
+            CacheReadOnlyError: the cache is read-only.
+        """
+
+    @abstractmethod
+    def iter_refs(self) -> Iterator[tuple[str, str]]:
+        """Yield ``(key, digest)`` for every ref, in no particular order."""
+
+    # ------------------------------------------------------------------------------------------- counters
+    @abstractmethod
+    def incr(self, **counts: int) -> None:
+        """Add to named counters, e.g. ``incr(hits=1, bytes_read=123)``.  Never raises: a counter that
+        cannot be persisted is kept in memory and the failure is logged once."""
+
+    @abstractmethod
+    def counters(self) -> dict[str, int]:
+        """Current value of every counter in :data:`COUNTERS` (0 if never incremented)."""
+
+    def stats(self) -> dict[str, object]:
+        """Counters plus ``hit_rate`` (0..1), ``url``, ``backend`` and, where known, ``bytes_stored`` and
+        ``max_bytes``.  JSON-ready."""
+        c = self.counters()
+        out: dict[str, object] = {"url": self.url, "backend": type(self).__name__, **c, "hit_rate": hit_rate(c)}
+        return out
+
+    # --------------------------------------------------------------------------------------------- upkeep
+    def close(self) -> None:
+        """Release connections and file handles.  The cache must not be used afterwards."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r})"

@@ -1,0 +1,86 @@
+"""Typed errors of precompile.
+
+Every error precompile raises on purpose derives from :class:`PrecompileError` and, where one fits, from a
+built-in exception too, so callers may catch either (``except FileNotFoundError`` still works for a missing
+artifact file).  Errors raised because of something else are chained with ``raise ... from err``.
+
+This module imports nothing from torch or from the rest of the package, so the cache backends can use it
+without import cycles.
+"""
+
+from __future__ import annotations
+
+
+class PrecompileError(Exception):
+    """Root of every error precompile raises on purpose."""
+
+
+# --------------------------------------------------------------------------------------------------- cache
+class CacheError(PrecompileError):
+    """A cache backend failed.  Callers that compile or load treat it as a miss, never as a crash."""
+
+
+class CacheURLError(CacheError, ValueError):
+    """A cache URL could not be parsed or names a scheme no backend handles."""
+
+
+class CacheUnavailableError(CacheError, ConnectionError):
+    """The cache's storage could not be reached (server down, directory gone)."""
+
+
+class CacheReadOnlyError(CacheError, PermissionError):
+    """A write was attempted on a cache that is read-only (by configuration or by file permissions)."""
+
+
+class CacheCorruptionError(CacheError):
+    """Stored bytes did not match their digest.  The bad copy has already been dropped."""
+
+
+# ------------------------------------------------------------------------------------------------ artifact
+class ArtifactError(PrecompileError):
+    """An artifact could not be built, saved, loaded or called."""
+
+
+class ArtifactFormatError(ArtifactError, ValueError):
+    """A file or directory given to :func:`precompile.load` is not a complete precompile artifact.
+
+    Raised for a foreign file (wrong magic bytes), a truncated file, an unknown format version, a part whose
+    bytes do not match the digest in the manifest, or a manifest that does not parse.
+    """
+
+
+class ArtifactNotFoundError(ArtifactError, FileNotFoundError):
+    """No artifact exists under the given path, or the cache holds no artifact for the given key."""
+
+
+class EnvironmentMismatchError(ArtifactError):
+    """The artifact was built for another environment (torch build, GPU architecture, CPU ISA...).
+
+    ``reasons`` lists the fingerprint fields that differ as ``(field, built_for, running_on)`` tuples.
+    """
+
+    def __init__(self, message: str, reasons: list[tuple[str, object, object]] | None = None):
+        super().__init__(message)
+        self.reasons = reasons or []
+
+
+class UnserializableGraphError(ArtifactError, TypeError):
+    """The FX graph holds something precompile cannot serialize (a lambda, an opaque object...).
+
+    The message names the node and the value.  Nothing is written to any cache when this is raised.
+    """
+
+
+class InputMismatchError(ArtifactError, TypeError):
+    """The inputs given to an artifact do not match its placeholders: count, shape, stride, dtype or device.
+
+    The message names every placeholder concerned and what was expected.
+    """
+
+
+class BuildError(ArtifactError, RuntimeError):
+    """Inductor failed to compile the graph.  The original exception is chained as ``__cause__``."""
+
+
+class RecipeError(PrecompileError, ValueError):
+    """A model recipe name, config or shape list given to ``precompile warmup`` is invalid."""
