@@ -1,0 +1,373 @@
+"""The one module that touches Inductor internals (version shim for torch 2.11 .. 2.13).
+
+Everything precompile needs from Inductor goes through these functions:
+
+- :func:`compile_graph`: run ``torch._inductor.standalone_compile`` in a fresh, private Inductor/Triton cache
+  directory and harvest what it produced: the engine payload (Inductor's own cache entries, the portable
+  reload path), the wrapper ("output code") modules, every kernel's source, the built binaries (``.so`` for
+  C++ kernels; ``.cubin``/``.json`` launcher metadata for Triton kernels), autotune picks (``.best_config``
+  files and template configs) and the input-alignment assumptions (``CompiledFxGraph.inputs_to_check``).
+- :func:`load_engine`: rebuild a callable from an engine payload (what ``CompiledArtifact.load`` does),
+  after placing the carried binaries where Inductor looks for them, so it needs no C++ rebuild.
+- :func:`inductor_config_overrides`: normalize ``options`` for the key.
+
+Upgrading torch should mean changing this file only.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import logging
+import os
+import pickle
+import re
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+log = logging.getLogger("precompile.inductor")
+
+TORCH_VERSION = tuple(int(x) for x in re.findall(r"\d+", torch.__version__)[:2])
+
+
+@dataclass
+class Kernel:
+    """One generated kernel.
+
+    Attributes:
+        name: the name the wrapper binds it to (``cpp_fused_add_0``, ``triton_poi_fused_add_0``).
+        lang: ``"cpp"`` or ``"triton"``.
+        source: the kernel source text as Inductor generated it.
+        binaries: ``{file name: bytes}`` built from it (``x.so``; ``x.cubin`` + ``x.json``...).
+        config: the autotune pick for it (block sizes, num_warps, num_stages...), or None.
+        relpaths: ``{file name: path relative to the Inductor cache dir}`` where Inductor stored each file.
+    """
+
+    name: str
+    lang: str
+    source: str
+    binaries: dict[str, bytes] = field(default_factory=dict)
+    config: dict[str, Any] | None = None
+    relpaths: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class BuildResult:
+    """What one Inductor compile produced.
+
+    Attributes:
+        compiled_fn: the live callable (flat list of inputs in, tuple of outputs out).
+        engine_payload: bytes that :func:`load_engine` turns back into a callable.
+        wrappers: ``{name: python source}`` of each wrapper module (``forward``, and ``backward`` if any).
+        kernels: every generated kernel with its binaries.
+        autotune: autotune picks not attached to one kernel (``{"file": config}``), e.g. GEMM choices.
+        inputs_to_check: indices of inputs Inductor assumed 16-byte aligned and checks (clones if not) per call.
+        mutated_inputs: indices of inputs the graph writes to.
+        compile_seconds: wall time of the Inductor compile, seconds.
+        cache_files: ``{relpath: size in bytes}`` of every file in the private cache dir (for inspection).
+    """
+
+    compiled_fn: Any
+    engine_payload: bytes
+    wrappers: dict[str, str]
+    kernels: list[Kernel]
+    autotune: dict[str, Any]
+    inputs_to_check: list[int]
+    mutated_inputs: list[int]
+    compile_seconds: float
+    cache_files: dict[str, int]
+
+
+class NotSaveableError(RuntimeError):
+    """Inductor compiled the graph but produced no cache entry to save (something in it is not cacheable)."""
+
+
+# ------------------------------------------------------------------------------------------------ options
+
+
+def inductor_config_overrides(options: dict[str, Any] | None) -> dict[str, Any]:
+    """Normalized Inductor config patches for the artifact key.
+
+    Entries equal to Inductor's default are dropped (``{"max_autotune": False}`` keys like ``{}``); nested
+    dicts are flattened to dotted names.
+
+    Raises:
+        KeyError: an option is not an Inductor config name (the message lists close names).
+        TypeError: a value is not JSON-representable (bool, int, float, str, None, list, dict).
+    """
+    from torch._inductor import config
+
+    out: dict[str, Any] = {}
+    for name, value in _flatten(options or {}).items():
+        entry = config._config.get(name)
+        if entry is None:
+            import difflib
+
+            close = difflib.get_close_matches(name, list(config._config), n=3)
+            raise KeyError(f"{name!r} is not an Inductor config option" + (f"; did you mean {close}?" if close else ""))
+        _check_jsonable(name, value)
+        default = entry.default
+        if _is_real_default(default) and value == default:
+            continue
+        out[name] = value
+    return dict(sorted(out.items()))
+
+
+def _flatten(options: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    from torch._inductor import config
+
+    flat: dict[str, Any] = {}
+    for k, v in options.items():
+        name = f"{prefix}{k}"
+        if isinstance(v, dict) and name not in config._config:
+            flat.update(_flatten(v, name + "."))
+        else:
+            flat[name] = v
+    return flat
+
+
+def _is_real_default(value: Any) -> bool:
+    return type(value) is not object
+
+
+def _check_jsonable(name: str, value: Any) -> None:
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as err:
+        raise TypeError(f"Inductor option {name!r} has value {value!r}, which cannot be stored in a key "
+                        "(use bool, int, float, str, None, lists and dicts)") from err
+
+
+# ------------------------------------------------------------------------------------------------ compile
+
+
+@contextlib.contextmanager
+def _private_cache_dir():
+    """A fresh Inductor + Triton cache dir with in-memory code caches cleared, so the compile is complete
+    (nothing reused from earlier compiles in this process or on this disk) and every product lands in it."""
+    from torch._inductor.utils import clear_caches
+
+    root = tempfile.mkdtemp(prefix="precompile-build-")
+    saved = {k: os.environ.get(k) for k in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = root
+    os.environ["TRITON_CACHE_DIR"] = os.path.join(root, "triton")
+    clear_caches()
+    try:
+        yield root
+    finally:
+        clear_caches()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], *, dynamic_shapes: str,
+                  options: dict[str, Any] | None) -> BuildResult:
+    """Compile ``gm`` with Inductor and harvest everything it produced.  See module docstring.
+
+    Raises:
+        NotSaveableError: Inductor produced no cache entry (e.g. the graph holds an uncacheable op).
+        Exception: whatever Inductor raised while compiling (the caller wraps it in ``BuildError``).
+    """
+    with _private_cache_dir() as root:
+        try:
+            start = time.perf_counter()
+            art = torch._inductor.standalone_compile(gm, example_inputs, dynamic_shapes=dynamic_shapes,
+                                                     options=dict(options or {}))
+            seconds = time.perf_counter() - start
+            artifacts = getattr(art, "_artifacts", None)
+            if artifacts is None:
+                raise NotSaveableError("Inductor saved no cache artifacts for this graph")
+            payload_bytes, cache_info = artifacts
+            aot = list(cache_info.aot_autograd_artifacts)
+            if len(aot) != 1:
+                raise NotSaveableError(
+                    f"expected one AOTAutograd cache entry, Inductor produced {len(aot)} ({cache_info}); "
+                    "something in the graph is not cacheable")
+            payload = pickle.dumps({"aot_key": aot[0], "cache_artifacts": payload_bytes}, protocol=4)
+            result = _harvest(root, _read_fx_graphs(root))
+            cache_files = {str(p.relative_to(root)): p.stat().st_size for p in Path(root).rglob("*") if p.is_file()}
+        finally:
+            # every product is in memory now, but the live callable may still open files (Triton loads
+            # kernels lazily): remove the directory when the process ends
+            atexit.register(shutil.rmtree, root, ignore_errors=True)
+    compiled = art._compiled_fn
+    return BuildResult(compiled_fn=compiled, engine_payload=payload, cache_files=cache_files,
+                       compile_seconds=seconds, **result)
+
+
+def _read_fx_graphs(root: str) -> list[Any]:
+    graphs = []
+    for path in sorted(Path(root, "fxgraph").rglob("*")):
+        if path.is_file():
+            try:
+                with open(path, "rb") as f:
+                    graphs.append(pickle.load(f))
+            except Exception as err:  # noqa: BLE001 - an unreadable entry only loses inspect detail
+                log.debug("could not read Inductor FX graph cache entry %s: %s", path, err)
+    return graphs
+
+
+_CPP_KERNEL = re.compile(r"^(\w+) = async_compile\.cpp(?:_pybinding)?\((?:\[.*?\], )?r?'''(.*?)'''", re.S | re.M)
+_TRITON_KERNEL = re.compile(r"^(\w+) = async_compile\.triton\('(\w+)', r?'''(.*?)'''", re.S | re.M)
+_TEMPLATE_META = re.compile(r"@triton_heuristics\.template\((.*?)\)\n@triton\.jit", re.S)
+_KV = re.compile(r"(\w+)\s*=\s*([-\w.]+)")
+
+
+def _harvest(root: str, graphs: list[Any]) -> dict[str, Any]:
+    rootp = Path(root)
+    wrappers: dict[str, str] = {}
+    for i, g in enumerate(graphs):
+        source = getattr(g, "source_code", None)
+        if source:
+            aot_id = re.search(r"# AOT ID: \['(\w+)'\]", source)
+            wrappers[aot_id.group(1) if aot_id else f"graph_{i}"] = source
+    inputs_to_check = sorted({int(i) for g in graphs for i in (getattr(g, "inputs_to_check", None) or [])})
+    mutated = sorted({int(i) for g in graphs for i in (getattr(g, "mutated_input_idxs", None) or [])})
+
+    files = [p for p in rootp.rglob("*") if p.is_file() and "locks" not in p.parts and "fxgraph" not in p.parts
+             and "aotautograd" not in p.parts]
+    cpp_files = {p: p.read_text(errors="replace") for p in files if p.suffix == ".cpp"}
+    kernels: list[Kernel] = []
+    seen: set[str] = set()
+    for source in wrappers.values():
+        for name, text in _CPP_KERNEL.findall(source):
+            if name in seen:
+                continue
+            seen.add(name)
+            k = Kernel(name=name, lang="cpp", source=text)
+            body = text.strip()
+            for path, content in cpp_files.items():
+                if body and body in content:
+                    so = path.with_suffix(".so")
+                    k.relpaths[path.name] = str(path.relative_to(rootp))
+                    if so.exists():
+                        k.binaries[so.name] = so.read_bytes()
+                        k.relpaths[so.name] = str(so.relative_to(rootp))
+                    break
+            kernels.append(k)
+        for name, kname, text in _TRITON_KERNEL.findall(source):
+            if name in seen:
+                continue
+            seen.add(name)
+            k = Kernel(name=name, lang="triton", source=text)
+            k.config = _template_config(text)
+            kernels.append(k)
+    _attach_triton_binaries(rootp, kernels)
+    autotune: dict[str, Any] = {}
+    for p in files:
+        if p.suffix == ".best_config":
+            try:
+                cfg = json.loads(p.read_text())
+            except ValueError:
+                continue
+            owner = _kernel_for_best_config(p, kernels)
+            if owner is not None:
+                owner.config = {**(owner.config or {}), **cfg}
+            else:
+                autotune[str(p.relative_to(rootp))] = cfg
+    return {"wrappers": wrappers, "kernels": kernels, "autotune": autotune,
+            "inputs_to_check": inputs_to_check, "mutated_inputs": mutated}
+
+
+def _template_config(source: str) -> dict[str, Any] | None:
+    m = _TEMPLATE_META.search(source)
+    if not m:
+        return None
+    cfg: dict[str, Any] = {"kind": "template"}
+    for k, v in _KV.findall(m.group(1)):
+        if k in ("num_stages", "num_warps"):
+            cfg[k] = int(v)
+    for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "EVEN_K", "ALLOW_TF32", "USE_FAST_ACCUM"):
+        mm = re.search(rf"\b{k}\s*:\s*tl\.constexpr\s*=\s*([-\w.]+)", source)
+        if mm:
+            cfg[k] = mm.group(1)
+    return cfg
+
+
+def _attach_triton_binaries(root: Path, kernels: list[Kernel]) -> None:
+    by_fn: dict[str, Kernel] = {}
+    for k in kernels:
+        if k.lang == "triton":
+            m = re.search(r"def (\w+)\(", k.source)
+            if m:
+                by_fn[m.group(1)] = k
+    triton_dir = root / "triton"
+    if not triton_dir.exists():
+        return
+    for meta_path in triton_dir.rglob("*.json"):
+        if meta_path.name.startswith("__grp__"):
+            continue
+        try:
+            meta = json.loads(meta_path.read_text())
+        except ValueError:
+            continue
+        k = by_fn.get(meta.get("name", ""))
+        if k is None:
+            continue
+        for p in meta_path.parent.iterdir():
+            if p.is_file() and p.suffix in (".cubin", ".json", ".hsaco", ".spv") and not p.name.startswith("__grp__"):
+                k.binaries[p.name] = p.read_bytes()
+                k.relpaths[p.name] = str(p.relative_to(root))
+        picked = {f: meta.get(f) for f in ("num_warps", "num_stages", "num_ctas", "maxnreg") if f in meta}
+        if picked:
+            k.config = {**(k.config or {}), **picked}
+
+
+def _kernel_for_best_config(path: Path, kernels: list[Kernel]) -> Kernel | None:
+    py = path.with_suffix(".py")
+    if py.exists():
+        text = py.read_text(errors="replace")
+        for k in kernels:
+            if k.lang == "triton" and k.source.strip() and k.source.strip() in text:
+                return k
+    return None
+
+
+# --------------------------------------------------------------------------------------------------- load
+
+
+def load_engine(payload: bytes, binaries: dict[str, bytes] | None = None) -> Any:
+    """Rebuild the compiled callable from an engine payload: the portable path, as ``CompiledArtifact.load``.
+
+    Args:
+        payload: :attr:`BuildResult.engine_payload`.
+        binaries: ``{relpath: bytes}`` of carried binaries to place into Inductor's cache dir first, so that
+            Inductor finds them and skips rebuilding; a file that already exists is left alone.
+
+    Returns:
+        a callable taking a flat list/tuple of inputs and returning the outputs.
+
+    Raises:
+        ValueError: the payload does not unpickle into the expected form.
+    """
+    try:
+        data = pickle.loads(payload)
+        aot_key, cache_bytes = data["aot_key"], data["cache_artifacts"]
+    except Exception as err:  # noqa: BLE001
+        raise ValueError(f"engine payload does not decode: {err}") from err
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    base = Path(cache_dir())
+    for rel, data_bytes in (binaries or {}).items():
+        target = base / rel
+        if target.exists():
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f"{target.name}.{os.getpid()}.incomplete")
+        tmp.write_bytes(data_bytes)
+        os.replace(tmp, target)
+    torch.compiler.load_cache_artifacts(cache_bytes)
+    from torch._inductor.standalone_compile import CacheCompiledArtifact
+
+    art = CacheCompiledArtifact._load_impl(contextlib.nullcontext(), aot_key)
+    return art._compiled_fn

@@ -1,0 +1,108 @@
+"""The manifest: the one JSON document a reader parses first (schema in docs/format.md).
+
+A manifest names every part of an artifact by the sha256 digest of its bytes, records the artifact key and
+the factors it was computed from (so two keys can be diffed factor by factor), the placeholders and their
+input specs, autotune picks, alignment assumptions, the environment fingerprint and build facts.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from precompile import config
+from precompile.errors import ArtifactFormatError
+
+
+@dataclass
+class Manifest:
+    """Parsed manifest.  ``to_dict()`` is JSON-ready; ``Manifest.from_dict(m.to_dict()) == m``.
+
+    Attributes:
+        key: the artifact key, 64 hex chars: sha256 of the canonical encoding of ``factors``.
+        factors: what the key hashes: ``graph`` (digest of the canonical graph), ``inputs`` (input specs
+            without names), ``options`` (normalized Inductor config patches), ``env`` (key fields of the
+            fingerprint), ``dynamic_shapes`` and ``format``.
+        placeholders: per input: name, kind, fqn, shape, stride, dtype, device, requires_grad, aligned.
+        parts: digests of the graph, wrapper modules, engine payload (``{"fx_graph": {...}, ...}``).
+        kernels: per kernel: name, lang, source digest, binaries ``{file: digest}``, relpaths, config.
+        autotune: autotune picks: ``{"kernels": {name: config}, "other": {...}}``.
+        alignment: per input: whether it was 16-byte aligned at build, and whether Inductor assumed so.
+        env: the full environment fingerprint (key fields and recorded-only fields).
+        blobs: ``{digest: {"size": bytes, "role": str}}`` for every blob the artifact references.
+        build: facts about the build (seconds, created, precompile version); never part of the key.
+        calling: ``{"in_spec", "out_spec"}`` pytree specs for export modules, else None values.
+        schema: the format version.
+    """
+
+    key: str
+    factors: dict[str, Any]
+    placeholders: list[dict[str, Any]]
+    parts: dict[str, Any]
+    kernels: list[dict[str, Any]]
+    autotune: dict[str, Any]
+    alignment: list[dict[str, Any]]
+    env: dict[str, Any]
+    blobs: dict[str, dict[str, Any]]
+    build: dict[str, Any] = field(default_factory=dict)
+    calling: dict[str, Any] = field(default_factory=dict)
+    schema: int = config.FORMAT_VERSION
+
+    _FIELDS = ("schema", "key", "factors", "placeholders", "parts", "kernels", "autotune", "alignment", "env",
+               "blobs", "build", "calling")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict of every field."""
+        return {name: getattr(self, name) for name in self._FIELDS}
+
+    def to_json(self) -> bytes:
+        """UTF-8 JSON, keys sorted, indented: the bytes stored as the manifest blob."""
+        return json.dumps(self.to_dict(), sort_keys=True, indent=1, allow_nan=False).encode()
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Manifest:
+        """Build from a parsed dict.
+
+        Raises:
+            ArtifactFormatError: the schema version is unknown or a field is missing.
+        """
+        if not isinstance(data, dict):
+            raise ArtifactFormatError("manifest is not a JSON object")
+        if data.get("schema") != config.FORMAT_VERSION:
+            raise ArtifactFormatError(
+                f"manifest schema {data.get('schema')!r} is not supported by this precompile "
+                f"(it reads schema {config.FORMAT_VERSION}); rebuild the artifact with this version")
+        missing = [f for f in cls._FIELDS if f not in data]
+        if missing:
+            raise ArtifactFormatError(f"manifest is missing fields {missing}")
+        return cls(**{f: data[f] for f in cls._FIELDS})
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> Manifest:
+        """Parse manifest bytes.
+
+        Raises:
+            ArtifactFormatError: not JSON, or not a manifest of a supported schema.
+        """
+        try:
+            data = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as err:
+            raise ArtifactFormatError(f"manifest is not valid JSON: {err}") from err
+        return cls.from_dict(data)
+
+    # -------------------------------------------------------------------------------------- conveniences
+    def part_digests(self) -> list[str]:
+        """Every blob digest the artifact references (the manifest's own digest excluded)."""
+        return list(self.blobs)
+
+    def load_digests(self) -> list[str]:
+        """The blobs a load needs: the engine payload and the kernel binaries (not sources, not the graph)."""
+        out = [self.parts["engine_payload"]]
+        for k in self.kernels:
+            out.extend(k["binaries"].values())
+        return out
+
+    def total_bytes(self) -> int:
+        """Sum of the uncompressed sizes of all referenced blobs, bytes."""
+        return sum(int(b["size"]) for b in self.blobs.values())
