@@ -356,6 +356,7 @@ def load(path_or_key: str | os.PathLike[str], *, cache: str | Cache | None = Non
         raise ArtifactNotFoundError(f"{text!r} is neither an existing artifact path nor a 64-hex artifact key")
     if weights is not None:
         art.bind(weights)
+    art.engine  # build the callable now: load errors surface here, and load_seconds is the whole load
     art.load_seconds = time.perf_counter() - start
     return art
 
@@ -425,8 +426,8 @@ def load_from_cache(key: str, cache: str | Cache | None, *, bound: dict[int, tor
 
 
 def _drop_ref(cache: Cache, key: str, why: str) -> None:
+    # corrupt blobs were already counted under ``errors`` by the backend that dropped them
     log.warning("cache entry %s in %s is unusable (%s); dropping it so it is rebuilt", key[:12], cache.url, why)
-    _safe_incr(cache, errors=1)
     try:
         cache.delete_ref(key)
     except CacheError:

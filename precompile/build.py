@@ -154,6 +154,14 @@ def standalone_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], 
         start = time.perf_counter()
         art = load_from_cache(key, c, bound=norm.bound)
         if art is not None:
+            try:
+                art.engine  # build the callable now, so the load time is honest and failures are a miss
+            except Exception as err:  # noqa: BLE001 - a stored artifact that does not load is rebuilt
+                warn_once(c, f"artifact {key[:12]} from {c.url} failed to load ({type(err).__name__}: {err}); "
+                             "rebuilding it")
+                _safe_incr(c, errors=1)
+                art = None
+        if art is not None:
             art.load_seconds = time.perf_counter() - start
             _safe_incr(c, hits=1)
             log.info("cache hit %s (%s) in %.3f s", key[:12], c.url, art.load_seconds)

@@ -1,0 +1,940 @@
+"""``file://DIR``: a cache in a local (or shared) directory, safe for many processes at once.
+
+Layout under the root directory (see DESIGN.md, "Cache layout")::
+
+    blob/<2 hex>/<62 hex>   zstd-compressed bytes, named by the sha256 of the *uncompressed* bytes
+    ref/<artifact key>      a small text file holding one digest (the artifact's manifest); its mtime is the LRU clock
+    stats.json              persisted counters (see :data:`cache_backends.base.COUNTERS`)
+    locks/                  ``filelock`` lock files (stats.lock, evict.lock)
+    tmp/                    files being removed (moved here first, checked, then unlinked)
+
+Every write goes to ``<name>.<uuid4 hex>.incomplete`` beside its target, is flushed and fsynced, then moved into
+place with :func:`os.replace`, so a reader sees a whole file or none, and a crash never leaves a partial file under
+a final name.  Every read is verified against its digest.  The locks only serialize counters and eviction; cache
+correctness does not depend on them (as in the Hugging Face hub cache).
+
+>>> import tempfile
+>>> tmp = tempfile.TemporaryDirectory()
+>>> cache = LocalCache(tmp.name)
+>>> digest = cache.put_blob(b"kernel source")
+>>> cache.get_blob(digest)
+b'kernel source'
+>>> cache.get_ref("0" * 64)
+MISS
+>>> tmp.cleanup()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import inspect
+import json
+import logging
+import os
+import re
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import ClassVar
+from urllib.parse import parse_qsl, quote, unquote, urlsplit
+
+import filelock
+import zstandard
+
+from cache_backends.base import COUNTERS, MISS, Cache, _Miss, check_name, digest_bytes
+from precompile import config
+from precompile.errors import CacheError, CacheReadOnlyError, CacheUnavailableError, CacheURLError
+
+__all__ = ["LocalCache", "manifest_blob_digests"]
+
+log = logging.getLogger("precompile.cache")
+
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_HEX62 = re.compile(r"^[0-9a-f]{62}$")
+_HEX2 = re.compile(r"^[0-9a-f]{2}$")
+
+#: errno values that mean "this directory cannot be written by us": the cache turns read-only.
+_READ_ONLY_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})
+#: errno values that mean "no space": reported as unavailable storage.
+_FULL_ERRNOS = frozenset({errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)})
+
+#: Default zstd level for blobs at rest.
+DEFAULT_LEVEL = 3
+#: Default age, in seconds, below which an unreferenced blob is never evicted (a writer's ref may not be set yet).
+DEFAULT_GRACE_S = 60.0
+#: Eviction brings the blobs of live refs down to this fraction of ``max_bytes``.
+EVICT_TARGET_FRACTION = 0.9
+#: Temp files (``*.incomplete``, ``tmp/*``) older than this many seconds belong to a dead writer and are removed.
+STALE_TEMP_S = 3600.0
+#: Seconds ``incr`` waits for the stats lock before keeping the counts in memory.
+STATS_LOCK_TIMEOUT_S = 10.0
+#: Seconds between two full scans of blob/ to decide whether to evict (own writes are added in between).
+SIZE_RESCAN_S = 10.0
+#: Largest decompressed/compressed ratio accepted from a frame header (zstd's own bound is ~32768); a header
+#: claiming more is corruption, rejected before allocating the output.
+_MAX_RATIO = 65536
+_MAX_READ_THREADS = 8
+
+
+def manifest_blob_digests(manifest: bytes) -> list[str]:
+    """Digests a manifest keeps alive: the keys of its top-level ``"blobs"`` object, plus (conservatively) every
+    other 64-hex string found anywhere in the JSON, plus the manifest's own digest.
+
+    Keeping a blob that is not really referenced only costs space; dropping one that is breaks an artifact, so
+    the scan errs on the side of keeping.  Replace :attr:`LocalCache.referenced_digests` for another schema.
+
+    Raises:
+        ValueError: ``manifest`` is not UTF-8 JSON (the evictor then keeps only the manifest itself).
+    """
+    doc = json.loads(manifest)
+    found: list[str] = [digest_bytes(manifest)]
+    if isinstance(doc, dict) and isinstance(doc.get("blobs"), dict):
+        found.extend(d for d in doc["blobs"] if isinstance(d, str))
+    stack: list[object] = [doc]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            for k, v in item.items():
+                if isinstance(k, str) and _HEX64.match(k):
+                    found.append(k)
+                stack.append(v)
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, str) and _HEX64.match(item):
+            found.append(item)
+    return found
+
+
+def _decompress(raw: bytes) -> bytes:
+    """Decompress one zstd frame written by :meth:`LocalCache.put_blob`.
+
+    Raises:
+        ValueError: truncated or garbled data, or a header claiming an implausible size (checked before the
+            output is allocated).
+    """
+    try:
+        size = zstandard.frame_content_size(raw)
+        if size < 0 or size > len(raw) * _MAX_RATIO + (1 << 20):
+            raise ValueError(f"frame header claims {size} bytes for {len(raw)} bytes of input")
+        return zstandard.ZstdDecompressor().decompress(raw)
+    except (zstandard.ZstdError, MemoryError) as err:
+        raise ValueError(f"{type(err).__name__}: {err}") from err
+
+
+def _parse_bool(name: str, raw: str) -> bool:
+    low = raw.strip().lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off", ""):
+        return False
+    raise CacheURLError(f"cache URL option {name}= must be 1/0/true/false, got {raw!r}")
+
+
+def _parse_positive_int(name: str, raw: str) -> int:
+    try:
+        value = int(raw.strip().replace("_", ""))
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise CacheURLError(f"cache URL option {name}= must be a positive integer (bytes), got {raw!r}")
+    return value
+
+
+def _parse_seconds(name: str, raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        raise CacheURLError(f"cache URL option {name}= must be a number of seconds >= 0, got {raw!r}")
+    return value
+
+
+def _parse_level(name: str, raw: str) -> int:
+    try:
+        return int(raw)
+    except ValueError:
+        raise CacheURLError(f"cache URL option {name}= must be an integer zstd level, got {raw!r}") from None
+
+
+#: Query options of a ``file://`` URL and their parsers.
+_URL_OPTIONS: dict[str, Callable[[str, str], object]] = {
+    "max_bytes": _parse_positive_int,
+    "read_only": _parse_bool,
+    "grace_s": _parse_seconds,
+    "level": _parse_level,
+}
+
+
+class LocalCache(Cache):
+    """A blob store + ref table + counters in one directory; many processes may share it.
+
+    Args:
+        root: the cache directory (created on first use, with its parents).
+        max_bytes: size cap of ``blob/`` in bytes (compressed, as stored); LRU eviction above it.  Default
+            :func:`precompile.config.local_max_bytes` (``$PRECOMPILE_CACHE_MAX_BYTES``, 20 GiB).
+        read_only: never write: ``put_blob``/``set_ref``/``delete_ref``/``evict`` raise
+            :class:`CacheReadOnlyError`, counters stay in memory, a hit does not refresh the LRU time.
+        grace_s: seconds; an unreferenced blob younger than this is never evicted, so a concurrent writer's
+            fresh blobs survive until its ref lands.
+        level: zstd compression level of new blobs.
+        referenced_digests: overrides :attr:`referenced_digests` for this instance.
+
+    Raises:
+        CacheUnavailableError: ``root`` exists and is not a directory, or cannot be created for a reason other
+            than permissions (a directory that cannot be written makes the cache read-only instead).
+        ValueError: ``max_bytes`` is not a positive integer or ``grace_s`` is negative.
+    """
+
+    #: ``manifest bytes -> digests it keeps alive``; eviction keeps every blob some remaining ref's manifest names.
+    #: A plain function assigned here (or on an instance) is called with the manifest bytes only.
+    referenced_digests: ClassVar[Callable[[bytes], Iterable[str]]] = staticmethod(manifest_blob_digests)
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        max_bytes: int | None = None,
+        read_only: bool = False,
+        *,
+        grace_s: float = DEFAULT_GRACE_S,
+        level: int = DEFAULT_LEVEL,
+        referenced_digests: Callable[[bytes], Iterable[str]] | None = None,
+    ):
+        self.root = Path(os.path.abspath(os.path.expanduser(os.fspath(root))))
+        self._max_bytes_given = max_bytes is not None
+        self.max_bytes = int(max_bytes) if max_bytes is not None else config.local_max_bytes()
+        if self.max_bytes <= 0:
+            raise ValueError(f"max_bytes must be a positive number of bytes, got {max_bytes!r}")
+        if grace_s < 0:
+            raise ValueError(f"grace_s must be >= 0 seconds, got {grace_s!r}")
+        self.grace_s = float(grace_s)
+        self.level = int(level)
+        self._configured_read_only = bool(read_only)
+        self.read_only = bool(read_only)
+        self._read_only_reason = "it was opened with read_only=True" if read_only else ""
+        if referenced_digests is not None:
+            self.referenced_digests = referenced_digests  # type: ignore[misc]
+        self._blob_dir = self.root / "blob"
+        self._ref_dir = self.root / "ref"
+        self._lock_dir = self.root / "locks"
+        self._tmp_dir = self.root / "tmp"
+        self._stats_path = self.root / "stats.json"
+        self._pending: Counter[str] = Counter()
+        self._pending_lock = threading.Lock()
+        self._warned_stats = False
+        self._size_estimate: int | None = None
+        self._size_scanned_at = 0.0
+        self.url = self._make_url()
+        if self.root.exists() and not self.root.is_dir():
+            raise CacheUnavailableError(f"cache directory {self.root} exists and is not a directory")
+        if not self.read_only:
+            try:
+                for d in (self._blob_dir, self._ref_dir, self._lock_dir, self._tmp_dir):
+                    d.mkdir(parents=True, exist_ok=True)
+            except OSError as err:
+                if err.errno not in _READ_ONLY_ERRNOS:
+                    raise CacheUnavailableError(f"cannot create cache directory {self.root}: {err}") from err
+                self._turn_read_only(err)
+
+    # ------------------------------------------------------------------------------------------------ URLs
+    @classmethod
+    def from_url(cls, url: str) -> LocalCache:
+        """Open ``file:///abs/dir[?max_bytes=N&read_only=1&grace_s=S&level=L]``.
+
+        ``max_bytes`` is in bytes, ``grace_s`` in seconds; ``read_only`` takes 1/0/true/false.  The path is
+        percent-decoded.
+
+        Raises:
+            CacheURLError: the scheme is not ``file``, the URL names a host, the path is not absolute, an option
+                is unknown or malformed, or the URL has a fragment.
+        """
+        if not isinstance(url, str):
+            raise CacheURLError(f"a cache URL must be a string such as 'file:///var/cache/precompile', got {url!r}")
+        parts = urlsplit(url.strip())
+        if parts.scheme.lower() != "file":
+            raise CacheURLError(f"LocalCache opens file:// URLs only, got {url!r}")
+        if parts.netloc not in ("", "localhost"):
+            raise CacheURLError(
+                f"file URL {url!r} names host {parts.netloc!r}; a local cache URL needs an absolute path and three "
+                f"slashes, e.g. 'file:///{parts.netloc}{parts.path}'"
+            )
+        if parts.fragment:
+            raise CacheURLError(f"file URL {url!r} has a fragment (#...); a cache URL takes none")
+        path = unquote(parts.path)
+        if not path or not os.path.isabs(path):
+            raise CacheURLError(
+                f"file URL {url!r} needs an absolute directory path, e.g. 'file:///var/cache/precompile'"
+            )
+        try:
+            options = parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
+        except ValueError as err:
+            raise CacheURLError(f"malformed query in cache URL {url!r}: {err}") from err
+        kwargs: dict[str, object] = {}
+        for name, raw in options:
+            parse = _URL_OPTIONS.get(name)
+            if parse is None:
+                raise CacheURLError(f"unknown option {name!r} in cache URL {url!r}; known: {', '.join(_URL_OPTIONS)}")
+            if name in kwargs:
+                raise CacheURLError(f"option {name!r} given twice in cache URL {url!r}")
+            kwargs[name] = parse(name, raw)
+        try:
+            return cls(path, **kwargs)  # type: ignore[arg-type]
+        except ValueError as err:
+            if isinstance(err, CacheError):
+                raise
+            raise CacheURLError(f"invalid cache URL {url!r}: {err}") from err
+
+    def _make_url(self) -> str:
+        url = "file://" + quote(self.root.as_posix(), safe="/")
+        opts = []
+        if self._max_bytes_given:
+            opts.append(f"max_bytes={self.max_bytes}")
+        if self._configured_read_only:
+            opts.append("read_only=1")
+        if self.grace_s != DEFAULT_GRACE_S:
+            opts.append(f"grace_s={self.grace_s!r}")
+        if self.level != DEFAULT_LEVEL:
+            opts.append(f"level={self.level}")
+        return url + ("?" + "&".join(opts) if opts else "")
+
+    # ------------------------------------------------------------------------------------------------ paths
+    def _blob_path(self, digest: str) -> Path:
+        return self._blob_dir / digest[:2] / digest[2:]
+
+    def _ref_path(self, key: str) -> Path:
+        return self._ref_dir / key
+
+    # ----------------------------------------------------------------------------------------- write helpers
+    def _turn_read_only(self, err: OSError) -> None:
+        if not self.read_only:
+            self.read_only = True
+            self._read_only_reason = f"it is not writable ({err.strerror or err})"
+            log.warning("%s", self._read_only_message())
+
+    def _read_only_message(self) -> str:
+        return (
+            f"cache directory {self.root} is read-only: {self._read_only_reason}; "
+            "compile still works; nothing will be cached here"
+        )
+
+    def _check_writable(self) -> None:
+        if self.read_only:
+            raise CacheReadOnlyError(self._read_only_message())
+
+    def _write_error(self, err: OSError, what: str) -> CacheError:
+        """The CacheError to raise (``from err``) for a failed write of ``what``."""
+        if err.errno in _READ_ONLY_ERRNOS:
+            self._turn_read_only(err)
+            return CacheReadOnlyError(self._read_only_message())
+        if err.errno in _FULL_ERRNOS:
+            return CacheUnavailableError(f"no space left to write {what} under {self.root} ({err.strerror})")
+        return CacheUnavailableError(f"could not write {what} under {self.root}: {err}")
+
+    @staticmethod
+    def _write_atomic(path: Path, data: bytes, *, fsync: bool = True) -> None:
+        """Write ``data`` to ``path`` via ``<name>.<uuid>.incomplete`` + fsync + os.replace.
+
+        Raises:
+            OSError: as raised by the file system; no file is left under ``path``'s name or the temp name.
+        """
+        tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex}.incomplete")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        except FileNotFoundError:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                if fsync:
+                    os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+
+    def _remove_unless(self, path: Path, changed: Callable[[os.stat_result], bool]) -> bool:
+        """Remove ``path`` unless ``changed(stat)`` says the file under that name is no longer the one planned.
+
+        The file is first renamed into ``tmp/`` (atomic), then checked; a changed file is put back unless a newer
+        one took its name meanwhile.  Returns True if a file was removed.  Raises OSError from the rename (other
+        than the file being gone already).
+        """
+        quarantine = self._tmp_dir / f"{path.name}.{uuid.uuid4().hex}.removing"
+        try:
+            os.rename(path, quarantine)
+        except FileNotFoundError:
+            if not path.exists():
+                return False  # already gone
+            self._tmp_dir.mkdir(parents=True, exist_ok=True)  # tmp/ was missing
+            try:
+                os.rename(path, quarantine)
+            except FileNotFoundError:
+                return False
+        try:
+            keep = changed(os.stat(quarantine))
+        except OSError:
+            keep = True
+        if keep:
+            try:
+                os.link(quarantine, path)
+            except FileExistsError:
+                pass
+            except OSError:
+                if not path.exists():
+                    with contextlib.suppress(OSError):
+                        os.rename(quarantine, path)
+        with contextlib.suppress(OSError):
+            os.unlink(quarantine)
+        return not keep
+
+    def _drop_bad_blob(self, digest: str, path: Path, st: os.stat_result | None, why: str) -> None:
+        action = "left in place (read-only cache)" if self.read_only else "dropped"
+        log.warning("cache blob %s under %s is corrupt (%s); %s, treated as a miss", digest, self.root, why, action)
+        if self.read_only:
+            return
+        ident = (st.st_dev, st.st_ino) if st is not None else None
+        try:
+            self._remove_unless(path, lambda s: ident is not None and (s.st_dev, s.st_ino) != ident)
+        except OSError as err:
+            log.warning("could not remove corrupt cache blob %s: %s", path, err)
+
+    # ------------------------------------------------------------------------------------------------ blobs
+    def _read_blob(self, digest: str) -> tuple[bytes | _Miss, int, int]:
+        """``(bytes or MISS, compressed bytes read, errors)``; no counters touched (callers batch them)."""
+        path = self._blob_path(digest)
+        try:
+            with open(path, "rb") as f:
+                st = os.fstat(f.fileno())
+                raw = f.read()
+        except FileNotFoundError:
+            return MISS, 0, 0
+        except OSError as err:
+            raise CacheUnavailableError(f"could not read blob {digest} under {self.root}: {err}") from err
+        try:
+            data = _decompress(raw)
+        except ValueError as err:
+            self._drop_bad_blob(digest, path, st, f"undecodable, {len(raw)} bytes on disk: {err}")
+            return MISS, len(raw), 1
+        if digest_bytes(data) != digest:
+            self._drop_bad_blob(digest, path, st, "content does not hash to its name")
+            return MISS, len(raw), 1
+        return data, len(raw), 0
+
+    def get_blob(self, digest: str) -> bytes | _Miss:
+        """Bytes of blob ``digest`` (uncompressed, verified against the digest), or :data:`MISS`.
+
+        A stored copy that does not decompress or does not hash to ``digest`` is deleted, counted under
+        ``errors``, logged as a warning and reported as :data:`MISS`.  Counts ``bytes_read`` (compressed bytes
+        read from disk).
+
+        Raises:
+            ValueError: ``digest`` is not 64 lowercase hex characters.
+            CacheUnavailableError: the file exists but cannot be read (permissions, I/O error).
+        """
+        check_name(digest)
+        data, nread, nerr = self._read_blob(digest)
+        self._count(bytes_read=nread, errors=nerr)
+        return data
+
+    def get_blobs(self, digests: list[str]) -> dict[str, bytes | _Miss]:
+        """``{digest: bytes or MISS}``, read and verified in a few threads (zstd and sha256 release the GIL).
+
+        Raises:
+            ValueError: a digest is not 64 lowercase hex characters (checked before anything is read).
+            CacheUnavailableError: a file exists but cannot be read.
+        """
+        unique = list(dict.fromkeys(check_name(d) for d in digests))
+        if len(unique) <= 1:
+            results = [self._read_blob(d) for d in unique]
+        else:
+            with ThreadPoolExecutor(max_workers=min(_MAX_READ_THREADS, len(unique))) as pool:
+                results = list(pool.map(self._read_blob, unique))
+        self._count(bytes_read=sum(r[1] for r in results), errors=sum(r[2] for r in results))
+        return {d: r[0] for d, r in zip(unique, results)}
+
+    def has_blob(self, digest: str) -> bool:
+        """True if a blob file exists under ``digest`` (not verified; one ``stat``).
+
+        Raises:
+            ValueError: ``digest`` is not 64 lowercase hex characters.
+        """
+        return self._blob_path(check_name(digest)).is_file()
+
+    def put_blob(self, data: bytes, digest: str | None = None) -> str:
+        """Store ``data`` zstd-compressed (idempotent) and return its digest (sha256 hex of ``data``).
+
+        An existing blob is not rewritten; its mtime is refreshed so eviction's grace period protects it until
+        the caller's ref lands.  Counts ``puts`` and ``bytes_written`` (compressed bytes) for new blobs only.
+
+        Raises:
+            ValueError: ``digest`` is given and is not the sha256 of ``data`` (or not 64 lowercase hex).
+            CacheReadOnlyError: the cache is read-only (configured, or the directory is not writable).
+            CacheUnavailableError: the disk is full or another write error occurred; no partial file is left.
+        """
+        actual = digest_bytes(data)
+        if digest is not None and check_name(digest) != actual:
+            raise ValueError(f"put_blob: digest {digest} given, but the data hashes to {actual}")
+        self._check_writable()
+        path = self._blob_path(actual)
+        try:
+            os.utime(path)
+            return actual
+        except FileNotFoundError:
+            pass
+        except OSError as err:
+            if path.exists():  # someone else's file we may not touch: it is there, good enough
+                return actual
+            raise self._write_error(err, f"blob {actual}") from err
+        packed = zstandard.ZstdCompressor(level=self.level).compress(bytes(data))
+        try:
+            self._write_atomic(path, packed)
+        except OSError as err:
+            raise self._write_error(err, f"blob {actual}") from err
+        if self._size_estimate is not None:
+            self._size_estimate += len(packed)
+        self._count(puts=1, bytes_written=len(packed))
+        return actual
+
+    # ------------------------------------------------------------------------------------------------- refs
+    def get_ref(self, key: str) -> str | _Miss:
+        """The digest stored under artifact key ``key``, or :data:`MISS`.  A hit refreshes the ref file's mtime
+        (the LRU clock) unless the cache is read-only.  A ref file that does not hold a digest is dropped,
+        counted under ``errors`` and reported as :data:`MISS`.
+
+        Raises:
+            ValueError: ``key`` is not 64 lowercase hex characters.
+            CacheUnavailableError: the ref file exists but cannot be read.
+        """
+        path = self._ref_path(check_name(key, "artifact key"))
+        try:
+            with open(path, "rb") as f:
+                st = os.fstat(f.fileno())
+                text = f.read(256)
+        except FileNotFoundError:
+            return MISS
+        except OSError as err:
+            raise CacheUnavailableError(f"could not read ref {key} under {self.root}: {err}") from err
+        digest = text.decode("ascii", "replace").strip()
+        if not _HEX64.match(digest):
+            log.warning("cache ref %s under %s is corrupt (%r); dropped, treated as a miss", key, self.root, text[:80])
+            if not self.read_only:
+                ident = (st.st_dev, st.st_ino)
+                with contextlib.suppress(OSError):
+                    self._remove_unless(path, lambda s: (s.st_dev, s.st_ino) != ident)
+            self._count(errors=1)
+            return MISS
+        if not self.read_only:
+            with contextlib.suppress(OSError):
+                os.utime(path)
+        return digest
+
+    def set_ref(self, key: str, digest: str) -> None:
+        """Point ``key`` at ``digest`` atomically (write the blobs it names first), then evict least recently
+        used artifacts if ``blob/`` holds more than ``max_bytes`` bytes.  An eviction failure is logged, not raised.
+
+        Raises:
+            ValueError: ``key`` or ``digest`` is not 64 lowercase hex characters.
+            CacheReadOnlyError: the cache is read-only (configured, or the directory is not writable).
+            CacheUnavailableError: the disk is full or another write error occurred; the old ref (if any) stays.
+        """
+        check_name(key, "artifact key")
+        check_name(digest)
+        self._check_writable()
+        try:
+            self._write_atomic(self._ref_path(key), (digest + "\n").encode("ascii"))
+        except OSError as err:
+            raise self._write_error(err, f"ref {key}") from err
+        try:
+            self._maybe_evict()
+        except Exception as err:  # eviction is upkeep: never fail the store that triggered it
+            log.warning("eviction in cache %s failed: %s", self.root, err, exc_info=log.isEnabledFor(logging.DEBUG))
+
+    def delete_ref(self, key: str) -> bool:
+        """Remove ref ``key``; True if it existed.  Its blobs stay until eviction finds them unreferenced.
+
+        Raises:
+            ValueError: ``key`` is not 64 lowercase hex characters.
+            CacheReadOnlyError: the cache is read-only (configured, or the directory is not writable).
+            CacheUnavailableError: another error prevented the removal.
+        """
+        path = self._ref_path(check_name(key, "artifact key"))
+        self._check_writable()
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            return False
+        except OSError as err:
+            raise self._write_error(err, f"ref {key}") from err
+        return True
+
+    def _scan_refs(self) -> list[tuple[str, str, os.stat_result]]:
+        """``[(key, digest, stat)]`` of every well-formed ref file now on disk."""
+        out = []
+        try:
+            entries = list(os.scandir(self._ref_dir))
+        except FileNotFoundError:
+            return out
+        except OSError as err:
+            raise CacheUnavailableError(f"could not list refs under {self.root}: {err}") from err
+        for entry in entries:
+            if not _HEX64.match(entry.name):
+                continue
+            try:
+                with open(entry.path, "rb") as f:
+                    st = os.fstat(f.fileno())
+                    digest = f.read(256).decode("ascii", "replace").strip()
+            except FileNotFoundError:
+                continue
+            except OSError as err:
+                raise CacheUnavailableError(f"could not read ref {entry.name} under {self.root}: {err}") from err
+            if _HEX64.match(digest):
+                out.append((entry.name, digest, st))
+        return out
+
+    def iter_refs(self) -> Iterator[tuple[str, str]]:
+        """Yield ``(key, digest)`` for every well-formed ref, in no particular order.
+
+        Raises:
+            CacheUnavailableError: the ref directory cannot be listed or a ref cannot be read.
+        """
+        for key, digest, _ in self._scan_refs():
+            yield key, digest
+
+    # --------------------------------------------------------------------------------------------- counters
+    def _read_stats(self) -> dict[str, int]:
+        try:
+            raw = self._stats_path.read_bytes()
+        except FileNotFoundError:
+            return {}
+        try:
+            doc = json.loads(raw)
+            return {str(k): int(v) for k, v in doc.items() if isinstance(v, int)}
+        except (ValueError, AttributeError) as err:
+            log.warning("cache counters in %s do not parse (%s); starting them from zero", self._stats_path, err)
+            return {}
+
+    def _count(self, **counts: int) -> None:
+        if any(counts.values()):
+            self.incr(**counts)
+
+    def incr(self, **counts: int) -> None:
+        """Add to named counters, e.g. ``incr(hits=1, bytes_read=123)``; values are integers (bytes for
+        ``bytes_*``).  Persisted in ``stats.json`` by a read-modify-write under ``locks/stats.lock``.
+
+        Never raises: when the counts cannot be persisted (read-only cache, lock timeout after
+        ``STATS_LOCK_TIMEOUT_S`` seconds, write error) they are kept in memory, added to :meth:`counters`, retried
+        on the next call, and the first failure is logged once per instance.
+
+        The backend counts ``puts``, ``bytes_read``, ``bytes_written``, ``errors`` and ``evictions`` itself;
+        ``hits``, ``misses`` and ``builds`` are counted by the artifact layer.
+        """
+        with self._pending_lock:
+            for name, value in counts.items():
+                try:
+                    if value:
+                        self._pending[str(name)] += int(value)
+                except (TypeError, ValueError):
+                    log.warning("ignored counter %s=%r: not an integer", name, value)
+            if self._configured_read_only or not self._pending:
+                return
+            try:
+                self._lock_dir.mkdir(parents=True, exist_ok=True)
+                lock = filelock.FileLock(str(self._lock_dir / "stats.lock"), timeout=STATS_LOCK_TIMEOUT_S)
+                with lock:
+                    current = Counter(self._read_stats())
+                    current.update(self._pending)
+                    doc = {name: current.get(name, 0) for name in (*COUNTERS, *sorted(set(current) - set(COUNTERS)))}
+                    # atomic but not fsynced: counters are not worth an fsync per call; a file a crash left
+                    # empty reads as zeros (with a warning), it never breaks the cache
+                    self._write_atomic(self._stats_path, json.dumps(doc, indent=1).encode(), fsync=False)
+                self._pending.clear()
+            except Exception as err:  # incr never raises
+                if not self._warned_stats:
+                    self._warned_stats = True
+                    log.warning(
+                        "cannot persist cache counters in %s (%s); keeping them in this process only", self.root, err
+                    )
+
+    def counters(self) -> dict[str, int]:
+        """Every counter in :data:`COUNTERS` (plus any other name ever incremented): persisted + pending in
+        memory.  Never raises (an unreadable ``stats.json`` counts as empty)."""
+        try:
+            stored = Counter(self._read_stats())
+        except OSError:
+            stored = Counter()
+        with self._pending_lock:
+            stored.update(self._pending)
+        return {name: stored.get(name, 0) for name in (*COUNTERS, *sorted(set(stored) - set(COUNTERS)))}
+
+    def stats(self) -> dict[str, object]:
+        """Counters, ``hit_rate`` (0..1), ``url``, ``backend``, ``root``, ``bytes_stored`` (compressed bytes in
+        ``blob/``) and ``max_bytes``.  JSON-ready.
+
+        Raises:
+            CacheUnavailableError: ``blob/`` cannot be listed.
+        """
+        out = super().stats()
+        out.update(root=str(self.root), bytes_stored=self.size_bytes(), max_bytes=self.max_bytes)
+        return out
+
+    # ------------------------------------------------------------------------------------------------ upkeep
+    def _scan_blobs(self) -> tuple[dict[str, tuple[Path, os.stat_result]], list[Path]]:
+        """``({digest: (path, stat)}, [temp files])`` for everything under ``blob/``."""
+        blobs: dict[str, tuple[Path, os.stat_result]] = {}
+        temps: list[Path] = []
+        try:
+            fans = [e for e in os.scandir(self._blob_dir) if _HEX2.match(e.name)]
+        except FileNotFoundError:
+            return blobs, temps
+        except OSError as err:
+            raise CacheUnavailableError(f"could not list blobs under {self.root}: {err}") from err
+        for fan in fans:
+            try:
+                entries = list(os.scandir(fan.path))
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            except OSError as err:
+                raise CacheUnavailableError(f"could not list blobs under {fan.path}: {err}") from err
+            for entry in entries:
+                try:
+                    if _HEX62.match(entry.name):
+                        blobs[fan.name + entry.name] = (Path(entry.path), entry.stat(follow_symlinks=False))
+                    elif entry.name.endswith(".incomplete"):
+                        temps.append(Path(entry.path))
+                except FileNotFoundError:
+                    continue
+        return blobs, temps
+
+    def size_bytes(self) -> int:
+        """Total size in bytes of the blob files (compressed, as stored; temp files excluded).
+
+        Raises:
+            CacheUnavailableError: ``blob/`` cannot be listed.
+        """
+        blobs, _ = self._scan_blobs()
+        return sum(st.st_size for _, st in blobs.values())
+
+    def _stale_temp_files(self, blob_temps: list[Path]) -> list[Path]:
+        """Temp files of dead writers: ``*.incomplete`` under blob/ and ref/, anything in tmp/, older than
+        ``STALE_TEMP_S`` seconds."""
+        candidates = list(blob_temps)
+        for d, only_incomplete in ((self._ref_dir, True), (self._tmp_dir, False)):
+            with contextlib.suppress(OSError):
+                candidates += [
+                    Path(e.path) for e in os.scandir(d) if not only_incomplete or e.name.endswith(".incomplete")
+                ]
+        now = time.time()
+        stale = []
+        for path in candidates:
+            with contextlib.suppress(OSError):
+                if now - path.stat().st_mtime > STALE_TEMP_S:
+                    stale.append(path)
+        return stale
+
+    def _maybe_evict(self) -> None:
+        now = time.monotonic()
+        if self._size_estimate is None or now - self._size_scanned_at > SIZE_RESCAN_S or (
+            self._size_estimate > self.max_bytes
+        ):
+            self._size_estimate = self.size_bytes()
+            self._size_scanned_at = now
+            if self._size_estimate > self.max_bytes:
+                self.evict()
+                self._size_estimate = self.size_bytes()
+                self._size_scanned_at = time.monotonic()
+
+    def _referenced_fn(self) -> Callable[[bytes], Iterable[str]]:
+        fn = inspect.getattr_static(self, "referenced_digests")
+        if isinstance(fn, (staticmethod, classmethod)):
+            fn = fn.__get__(None, type(self))
+        return fn
+
+    def _manifest_refs(self, manifest_digest: str, memo: dict[str, frozenset[str]]) -> frozenset[str]:
+        """Digests the manifest ``manifest_digest`` keeps alive (always including itself).
+
+        Raises:
+            CacheUnavailableError: the manifest exists but cannot be read (eviction then deletes no blob).
+        """
+        found = memo.get(manifest_digest)
+        if found is not None:
+            return found
+        data, nread, nerr = self._read_blob(manifest_digest)
+        self._count(bytes_read=nread, errors=nerr)
+        names = {manifest_digest}
+        if data is not MISS:
+            try:
+                names.update(d for d in self._referenced_fn()(data) if isinstance(d, str) and _HEX64.match(d))
+            except Exception as err:
+                log.warning(
+                    "cache manifest %s does not parse (%s); eviction keeps only the manifest", manifest_digest, err
+                )
+        memo[manifest_digest] = found = frozenset(names)
+        return found
+
+    def evict(self, max_bytes: int | None = None) -> dict[str, object]:
+        """Drop least recently used refs until the blobs the remaining refs keep alive total at most
+        ``EVICT_TARGET_FRACTION * max_bytes`` bytes, then delete every blob no remaining ref keeps alive and
+        older than ``grace_s`` seconds.  The newest ref is never dropped.  Refs go first, blobs last; a ref read
+        or replaced while eviction runs is kept.  Counts ``evictions`` (refs dropped).
+
+        Runs under ``locks/evict.lock`` without waiting: if another process is evicting, returns at once with
+        ``skipped=True``.
+
+        Returns:
+            ``{"skipped", "refs_dropped", "blobs_deleted", "bytes_freed", "bytes_stored"}`` (bytes compressed).
+
+        Raises:
+            CacheReadOnlyError: the cache is read-only.
+            CacheUnavailableError: the directory cannot be listed or a manifest cannot be read.
+        """
+        self._check_writable()
+        cap = self.max_bytes if max_bytes is None else int(max_bytes)
+        lock = filelock.FileLock(str(self._lock_dir / "evict.lock"), timeout=0)
+        try:
+            self._lock_dir.mkdir(parents=True, exist_ok=True)
+            lock.acquire()
+        except filelock.Timeout:
+            log.debug("another process is evicting from %s; skipped", self.root)
+            return {"skipped": True, "refs_dropped": 0, "blobs_deleted": 0, "bytes_freed": 0, "bytes_stored": None}
+        except OSError as err:
+            raise self._write_error(err, "the eviction lock") from err
+        try:
+            return self._evict_locked(cap)
+        finally:
+            lock.release()
+
+    def _evict_locked(self, cap: int) -> dict[str, object]:
+        blobs, temps = self._scan_blobs()
+        size = {d: st.st_size for d, (_, st) in blobs.items()}
+        memo: dict[str, frozenset[str]] = {}
+        # ---- plan: which refs to drop (oldest first) so that the live set fits the target
+        refs = sorted(self._scan_refs(), key=lambda r: (r[2].st_mtime_ns, r[0]))
+        keeps = {key: self._manifest_refs(digest, memo) for key, digest, _ in refs}
+        count: Counter[str] = Counter(d for names in keeps.values() for d in names if d in size)
+        live = sum(size[d] for d in count)
+        target = int(cap * EVICT_TARGET_FRACTION)
+        drop: list[tuple[str, os.stat_result]] = []
+        for key, _, st in refs[:-1]:
+            if live <= target:
+                break
+            drop.append((key, st))
+            for d in keeps[key]:
+                if d in count:
+                    count[d] -= 1
+                    if count[d] == 0:
+                        del count[d]
+                        live -= size[d]
+        if live > target and refs:
+            log.warning(
+                "cache %s: the newest artifact alone keeps %d bytes, above %d (max_bytes %d)",
+                self.root, live, target, cap,
+            )
+        # ---- execute: refs first (unless read or replaced since the plan)
+        dropped = 0
+        for key, st in drop:
+            planned = (st.st_ino, st.st_mtime_ns)
+            if self._remove_unless(self._ref_path(key), lambda s, p=planned: (s.st_ino, s.st_mtime_ns) != p):
+                dropped += 1
+        # ---- then blobs that no ref on disk *now* keeps alive, older than the grace period
+        alive: set[str] = set()
+        for _, digest, _ in self._scan_refs():
+            alive |= self._manifest_refs(digest, memo)
+        deleted = freed = 0
+        for digest, (path, st) in blobs.items():
+            if digest in alive or time.time() - st.st_mtime < self.grace_s:
+                continue
+            if self._remove_unless(path, lambda s: time.time() - s.st_mtime < self.grace_s):
+                deleted += 1
+                freed += st.st_size
+        for tmp in self._stale_temp_files(temps):
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        self._count(evictions=dropped)
+        stored = sum(size.values()) - freed
+        if dropped or deleted:
+            log.info(
+                "cache %s: evicted %d artifacts, deleted %d blobs (%d bytes); %d bytes stored, cap %d",
+                self.root, dropped, deleted, freed, stored, cap,
+            )
+        return {"skipped": False, "refs_dropped": dropped, "blobs_deleted": deleted, "bytes_freed": freed,
+                "bytes_stored": stored}
+
+    def verify(self, fix: bool = False) -> dict[str, object]:
+        """fsck: re-hash every blob and check that every ref's manifest exists.
+
+        With ``fix=True`` bad blobs, refs whose manifest is missing or bad, and temp files older than
+        ``STALE_TEMP_S`` seconds are removed.  Blobs that are merely unreferenced are left to eviction.
+
+        Returns:
+            ``{"ok", "blobs_checked", "bytes_checked", "bad_blobs", "dangling_refs", "stale_temp_files",
+            "removed"}``: ``bad_blobs`` and ``dangling_refs`` are lists of digests / keys; ``bytes_checked`` is
+            uncompressed bytes.
+
+        Raises:
+            CacheReadOnlyError: ``fix=True`` on a read-only cache.
+            CacheUnavailableError: the directory cannot be listed or a file cannot be read.
+        """
+        if fix:
+            self._check_writable()
+        blobs, temps = self._scan_blobs()
+        bad: list[str] = []
+        checked = nbytes = 0
+        for digest, (path, st) in sorted(blobs.items()):
+            try:
+                raw = path.read_bytes()
+            except FileNotFoundError:
+                continue
+            except OSError as err:
+                raise CacheUnavailableError(f"could not read blob {digest} under {self.root}: {err}") from err
+            checked += 1
+            try:
+                data = _decompress(raw)
+                ok = digest_bytes(data) == digest
+                nbytes += len(data)
+            except ValueError:
+                ok = False
+            if not ok:
+                bad.append(digest)
+        bad_set = set(bad)
+        dangling: dict[str, os.stat_result] = {}
+        for key, digest, st in self._scan_refs():
+            # a manifest written after the blob scan (a concurrent writer) is not missing: look again
+            if digest in bad_set or (digest not in blobs and not self._blob_path(digest).is_file()):
+                dangling[key] = st
+        stale = [str(p) for p in self._stale_temp_files(temps)]
+        removed = 0
+        if fix:
+            for digest in bad:
+                path, st = blobs[digest]
+                ident = (st.st_dev, st.st_ino)
+                with contextlib.suppress(OSError):
+                    removed += self._remove_unless(path, lambda s, i=ident: (s.st_dev, s.st_ino) != i)
+            for key, st in dangling.items():
+                planned = (st.st_ino, st.st_mtime_ns)
+                replaced = lambda s, p=planned: (s.st_ino, s.st_mtime_ns) != p  # noqa: E731
+                with contextlib.suppress(OSError):  # a ref replaced since the scan stays
+                    removed += self._remove_unless(self._ref_path(key), replaced)
+            for tmp in stale:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                    removed += 1
+        if bad or dangling:
+            log.warning(
+                "cache %s: %d bad blobs, %d refs without a manifest%s",
+                self.root, len(bad), len(dangling), " (removed)" if fix else "",
+            )
+        return {"ok": not bad and not dangling, "blobs_checked": checked, "bytes_checked": nbytes,
+                "bad_blobs": bad, "dangling_refs": sorted(dangling), "stale_temp_files": stale, "removed": removed}
+
+    def close(self) -> None:
+        """Try once more to persist counters kept in memory; nothing else to release.  Never raises."""
+        if self._pending and not self._configured_read_only:
+            self.incr()

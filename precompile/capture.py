@@ -1,0 +1,107 @@
+"""``torch.compile`` integration: a Dynamo backend that compiles through precompile's cache.
+
+>>> compiled = torch.compile(model, backend=precompile.backend(cache="file:///var/cache/pc"))  # doctest: +SKIP
+
+Dynamo traces the model, hands each graph (parameters lifted as inputs) to the backend, and the backend returns
+a cached artifact or builds one: the same way vLLM captures graphs with its own backend.  Every graph the
+backend saw is recorded in :attr:`Backend.records` (key, hit or built, seconds), which ``precompile warmup``
+turns into its summary table.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from cache_backends.base import Cache
+
+log = logging.getLogger("precompile")
+
+
+@dataclass
+class GraphRecord:
+    """What happened to one graph Dynamo captured.
+
+    Attributes:
+        index: order in which Dynamo produced the graph (0-based) within this backend.
+        key: artifact key.
+        outcome: ``"hit"`` (loaded from the cache) or ``"built"`` (compiled with Inductor).
+        seconds: wall seconds of the load (hit) or of the compile and store (built).
+        compile_seconds: Inductor compile seconds recorded in the artifact at build time.
+        bytes: total size of the artifact's parts, bytes.
+        kernels: number of generated kernels.
+    """
+
+    index: int
+    key: str
+    outcome: str
+    seconds: float
+    compile_seconds: float
+    bytes: int
+    kernels: int
+
+
+@dataclass
+class Backend:
+    """A ``torch.compile`` backend that returns precompile artifacts (see module docstring).
+
+    Attributes:
+        cache: cache URL or open cache (None: ``$PRECOMPILE_CACHE`` or the local default).
+        options: Inductor config patches for every graph.
+        dynamic_shapes: passed to :func:`precompile.standalone_compile`.
+        records: one :class:`GraphRecord` per graph compiled or loaded, in order.
+    """
+
+    cache: str | Cache | None = None
+    options: dict[str, Any] | None = None
+    dynamic_shapes: str = "from_example_inputs"
+    records: list[GraphRecord] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        from cache_backends.registry import open_cache
+
+        self.cache = open_cache(self.cache)
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]):
+        from precompile.build import standalone_compile
+
+        start = time.perf_counter()
+        art = standalone_compile(gm, example_inputs, dynamic_shapes=self.dynamic_shapes, options=self.options,
+                                 cache=self.cache)
+        seconds = time.perf_counter() - start
+        self.records.append(GraphRecord(
+            index=len(self.records), key=art.key, outcome="hit" if art.source == "cache" else "built",
+            seconds=seconds, compile_seconds=float(art.manifest.build.get("seconds", 0.0)),
+            bytes=art.manifest.total_bytes(), kernels=len(art.manifest.kernels)))
+        return art
+
+
+def backend(cache: str | Cache | None = None, *, options: dict[str, Any] | None = None,
+            dynamic_shapes: str = "from_example_inputs") -> Backend:
+    """A ``torch.compile`` backend compiling through ``cache``: ``torch.compile(m, backend=backend(...))``.
+
+    Raises:
+        CacheURLError: ``cache`` is not a valid cache URL.
+    """
+    return Backend(cache=cache, options=options, dynamic_shapes=dynamic_shapes)
+
+
+def capture_graphs(model: torch.nn.Module, inputs: tuple[Any, ...]) -> list[tuple[torch.fx.GraphModule, list[Any]]]:
+    """The FX graphs Dynamo produces for ``model(*inputs)``, each with its example inputs, without compiling.
+
+    Runs under ``torch.no_grad()`` with ``dynamic=False``; graph breaks give several graphs.
+    """
+    graphs: list[tuple[torch.fx.GraphModule, list[Any]]] = []
+
+    def grab(gm: torch.fx.GraphModule, example_inputs: list[Any]):
+        graphs.append((gm, list(example_inputs)))
+        return gm.forward
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.compile(model, backend=grab, dynamic=False)(*inputs)
+    return graphs
