@@ -196,6 +196,12 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], *, dynami
             payload = pickle.dumps({"aot_key": aot[0], "cache_artifacts": payload_bytes}, protocol=4)
             result = _harvest(root, _read_fx_graphs(root))
             cache_files = {str(p.relative_to(root)): p.stat().st_size for p in Path(root).rglob("*") if p.is_file()}
+            ks = result["kernels"]
+            log.info("compiled in %.1f s: %d kernels (%d cpp, %d triton), %d with binaries, %d autotune picks, "
+                     "%d files in the Inductor cache dir", seconds, len(ks), sum(k.lang == "cpp" for k in ks),
+                     sum(k.lang == "triton" for k in ks), sum(bool(k.binaries) for k in ks),
+                     sum(bool(k.config) for k in ks) + len(result["autotune"]), len(cache_files))
+            log.debug("Inductor cache dir files: %s", sorted(cache_files))
         finally:
             # every product is in memory now, but the live callable may still open files (Triton loads
             # kernels lazily): remove the directory when the process ends
@@ -263,6 +269,7 @@ def _harvest(root: str, graphs: list[Any]) -> dict[str, Any]:
             k.config = _template_config(text)
             kernels.append(k)
     _attach_triton_binaries(rootp, kernels)
+    _attach_bundled_binaries(graphs, kernels)
     autotune: dict[str, Any] = {}
     for p in files:
         if p.suffix == ".best_config":
@@ -321,6 +328,27 @@ def _attach_triton_binaries(root: Path, kernels: list[Kernel]) -> None:
         picked = {f: meta.get(f) for f in ("num_warps", "num_stages", "num_ctas", "maxnreg") if f in meta}
         if picked:
             k.config = {**(k.config or {}), **picked}
+
+
+def _attach_bundled_binaries(graphs: list[Any], kernels: list[Kernel]) -> None:
+    """Triton binaries from the FX graph cache entries' Triton bundle, for kernels not found on disk (e.g.
+    compiled by a worker pool whose Triton cache dir was fixed before our private dir existed)."""
+    by_fn: dict[str, Kernel] = {}
+    for k in kernels:
+        m = re.search(r"def (\w+)\(", k.source) if k.lang == "triton" else None
+        if m and not k.binaries:
+            by_fn[m.group(1)] = k
+    if not by_fn:
+        return
+    for g in graphs:
+        bundle = getattr(g, "_triton_bundle", None)
+        for group in getattr(bundle, "kernel_artifacts", None) or []:
+            for a in getattr(group, "artifacts", []):
+                stem = a.filename.rsplit(".", 1)[0].removeprefix("__grp__")
+                k = by_fn.get(stem)
+                if k is not None and not a.filename.startswith("__grp__"):
+                    k.binaries[a.filename] = a.payload
+                    k.relpaths[a.filename] = f"triton/{group.kernel_hash}/{a.filename}"
 
 
 def _kernel_for_best_config(path: Path, kernels: list[Kernel]) -> Kernel | None:

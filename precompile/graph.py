@@ -119,6 +119,7 @@ def normalize_graph(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> tupl
         if info.out_spec is not None:
             out_spec = pytree.treespec_dumps(info.out_spec)
         graph._codegen = CodeGen()
+    _drop_export_guards(new)
 
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     first = placeholders[0] if placeholders else next(iter(graph.nodes))
@@ -168,6 +169,21 @@ def normalize_graph(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> tupl
         infos.append(Placeholder(node.name, kind or "user_input", fqn))
     flat = [bound[i] for i in range(n_lifted)] + flat_inputs
     return NormalizedGraph(new, infos, bound, in_spec, out_spec), flat
+
+
+def _drop_export_guards(gm: torch.fx.GraphModule) -> None:
+    """Remove the ``_guards_fn`` call that ``ExportedProgram.module()`` inserts after the placeholders.
+
+    It is an opaque Python module checking input shapes at call time (not serializable, not compilable);
+    ``torch._inductor.aot_compile`` drops it the same way.  The artifact checks its inputs against the
+    placeholder specs instead.
+    """
+    for node in list(gm.graph.nodes):
+        if node.op == "call_module" and node.target == "_guards_fn" and not node.users:
+            gm.graph.erase_node(node)
+    still_called = any(n.op == "call_module" and n.target == "_guards_fn" for n in gm.graph.nodes)
+    if hasattr(gm, "_guards_fn") and not still_called:
+        delattr(gm, "_guards_fn")
 
 
 def _resolve_attr(gm: torch.nn.Module, target: str) -> Any:

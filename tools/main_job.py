@@ -1,0 +1,159 @@
+#!/usr/bin/env python
+"""The main job: warm a cache with real models, then serve them from it in a fresh worker process.
+
+1. ``precompile warmup`` compiles all-MiniLM-L6-v2 (real weights) and a small Llama (random weights) for a few
+   shapes into the cache (default: the embedded local cache, ``$XDG_CACHE_HOME/precompile``).
+2. A fresh worker process compiles the same models with ``torch.compile(backend=precompile.backend(...))``:
+   every graph must come from the cache.  It checks MiniLM's sentence embeddings against eager (cosine >=
+   0.9999) and the Llama's logits (allclose), and prints the hit rate, load vs compile seconds and bytes stored.
+
+Exit status 0 only if every check passes and the worker's hit rate is 100%.
+
+    python tools/main_job.py                      # the README's command one
+    python tools/main_job.py --device cuda --dtype bfloat16 --recipes llama --shapes 4x256
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+COSINE_MIN = 0.9999
+
+
+def _parse() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--cache", default=None, help="cache URL (default: $PRECOMPILE_CACHE or the local default)")
+    p.add_argument("--recipes", default="minilm,llama", help="comma-separated recipes")
+    p.add_argument("--shapes", default="1x16,4x32", help="comma-separated BATCHxSEQ")
+    p.add_argument("--config", default=None, help="config overrides for the transformers recipes (JSON)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default=None)
+    p.add_argument("--options", default=None, help="Inductor options JSON")
+    p.add_argument("--jobs", type=int, default=2)
+    p.add_argument("--skip-warmup", action="store_true", help="only run the worker")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--json", dest="json_out", default=None, help="also write the worker's results to this file")
+    return p.parse_args()
+
+
+def _cache_url(args: argparse.Namespace) -> str:
+    from cache_backends.registry import open_cache
+
+    return open_cache(args.cache).url
+
+
+def warm(args: argparse.Namespace, url: str) -> float:
+    start = time.perf_counter()
+    for recipe in args.recipes.split(","):
+        cmd = [sys.executable, "-m", "precompile.cli", "warmup", recipe, "--shapes", args.shapes, "--cache", url,
+               "--jobs", str(args.jobs), "--device", args.device]
+        if args.dtype:
+            cmd += ["--dtype", args.dtype]
+        if args.options:
+            cmd += ["--options", args.options]
+        if args.config and recipe != "minilm":
+            cmd += ["--config", args.config]
+        print("$", " ".join(cmd[2:]), flush=True)
+        subprocess.run(cmd, check=True)
+    return time.perf_counter() - start
+
+
+def worker(args: argparse.Namespace) -> int:
+    import torch
+    from rich.console import Console
+    from rich.table import Table
+
+    import precompile
+    from precompile.cli import human_bytes, setup_logging
+    from precompile.models import get_recipe, parse_shapes
+
+    setup_logging(quiet=True)
+    cache = precompile.open_cache(args.cache)
+    before = cache.counters()
+    options = json.loads(args.options) if args.options else None
+    rows, ok = [], True
+    for name in args.recipes.split(","):
+        recipe = get_recipe(name, config=None if name == "minilm" else args.config, device=args.device,
+                            dtype=args.dtype)
+        model = recipe.model()
+        for shape in parse_shapes(args.shapes):
+            inputs = recipe.example_inputs(shape)
+            with torch.no_grad():
+                expected = recipe.postprocess(model(*inputs), inputs)
+                be = precompile.backend(cache, options=options)
+                torch._dynamo.reset()
+                compiled = torch.compile(model, backend=be, dynamic=False)
+                t0 = time.perf_counter()
+                got = recipe.postprocess(compiled(*inputs), inputs)
+                first_call = time.perf_counter() - t0
+            exp32, got32 = expected.float(), got.float()
+            if name == "minilm":
+                metric = torch.nn.functional.cosine_similarity(exp32, got32, dim=-1).min().item()
+                passed = metric >= COSINE_MIN
+                check = f"cosine min {metric:.6f}"
+            else:
+                tol = 1e-4 if exp32.dtype == expected.dtype else 2e-2
+                passed = torch.allclose(got32, exp32, rtol=tol, atol=tol)
+                metric = (got32 - exp32).abs().max().item()
+                check = f"allclose, max |diff| {metric:.2e}"
+            ok &= passed
+            for r in be.records:
+                rows.append({"recipe": name, "shape": str(shape), "key": r.key, "outcome": r.outcome,
+                             "load_s": r.seconds, "compile_s": r.compile_seconds, "first_call_s": first_call,
+                             "check": check, "passed": passed, "bytes": r.bytes})
+    after = cache.counters()
+    hits = after["hits"] - before["hits"]
+    misses = after["misses"] - before["misses"]
+    rate = hits / (hits + misses) if hits + misses else 0.0
+    stats = cache.stats()
+
+    table = Table(title=f"fresh worker, cache {cache.url}")
+    for col in ("model", "shape", "key", "from", "load s", "compile s", "load/compile", "check"):
+        table.add_column(col, justify="right" if col.endswith("s") or col == "load/compile" else "left")
+    for r in rows:
+        table.add_row(r["recipe"], r["shape"], r["key"][:12], "cache" if r["outcome"] == "hit" else "[red]built",
+                      f"{r['load_s']:.2f}", f"{r['compile_s']:.2f}",
+                      f"{r['load_s'] / r['compile_s']:.3f}" if r["compile_s"] else "-",
+                      ("[green]" if r["passed"] else "[red]FAIL ") + r["check"])
+    con = Console(width=140)
+    con.print(table)
+    load_total = sum(r["load_s"] for r in rows)
+    compile_total = sum(r["compile_s"] for r in rows)
+    con.print(f"hit rate {100 * rate:.1f}% ({hits} hits, {misses} misses); load {load_total:.2f} s vs compile "
+              f"{compile_total:.2f} s ({compile_total / max(load_total, 1e-9):.1f}x); "
+              f"{human_bytes(stats.get('bytes_stored', 0))} stored in {cache.url}")
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump({"rows": rows, "hit_rate": rate, "hits": hits, "misses": misses, "stats": stats}, f, indent=1)
+    if not ok:
+        con.print("[red]a model's output differs from eager")
+    if rate < 1.0:
+        con.print("[red]the worker missed the cache")
+    return 0 if ok and rate == 1.0 else 1
+
+
+def main() -> int:
+    args = _parse()
+    if args.worker:
+        return worker(args)
+    url = _cache_url(args)
+    if not args.skip_warmup:
+        seconds = warm(args, url)
+        print(f"warmup done in {seconds:.1f} s", flush=True)
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--cache", url, "--recipes", args.recipes,
+           "--shapes", args.shapes, "--device", args.device]
+    for flag, value in (("--dtype", args.dtype), ("--options", args.options), ("--config", args.config),
+                        ("--json", args.json_out)):
+        if value:
+            cmd += [flag, value]
+    print("$ fresh worker process: tools/main_job.py --worker ...", flush=True)
+    return subprocess.run(cmd).returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())
