@@ -181,8 +181,9 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], *, dynami
     with _private_cache_dir() as root:
         try:
             start = time.perf_counter()
+            # torch's ``options`` are compile_fx keyword arguments; config patches go in ``config_patches``
             art = torch._inductor.standalone_compile(gm, example_inputs, dynamic_shapes=dynamic_shapes,
-                                                     options=dict(options or {}))
+                                                     options={"config_patches": dict(options or {})})
             seconds = time.perf_counter() - start
             artifacts = getattr(art, "_artifacts", None)
             if artifacts is None:
@@ -277,7 +278,7 @@ def _harvest(root: str, graphs: list[Any]) -> dict[str, Any]:
                 cfg = json.loads(p.read_text())
             except ValueError:
                 continue
-            owner = _kernel_for_best_config(p, kernels)
+            owner = _kernel_for_best_config(p, cfg, kernels)
             if owner is not None:
                 owner.config = {**(owner.config or {}), **cfg}
             else:
@@ -351,7 +352,14 @@ def _attach_bundled_binaries(graphs: list[Any], kernels: list[Kernel]) -> None:
                     k.relpaths[a.filename] = f"triton/{group.kernel_hash}/{a.filename}"
 
 
-def _kernel_for_best_config(path: Path, kernels: list[Kernel]) -> Kernel | None:
+def _kernel_for_best_config(path: Path, cfg: dict[str, Any], kernels: list[Kernel]) -> Kernel | None:
+    """The kernel a ``.best_config`` file belongs to: by the Triton cache hash it names (the directory of the
+    kernel's cubin), else by the kernel module source stored beside it."""
+    th = cfg.get("triton_cache_hash")
+    if th:
+        for k in kernels:
+            if any(f"/{th}/" in rel for rel in k.relpaths.values()):
+                return k
     py = path.with_suffix(".py")
     if py.exists():
         text = py.read_text(errors="replace")

@@ -151,6 +151,8 @@ class Artifact:
                + f", got {len(args)}.")
         if missing:
             msg += f" Missing placeholders: {', '.join(missing[:12])}" + (" ..." if len(missing) > 12 else "") + "."
+        else:
+            msg += f" It takes: {', '.join(names[:12])}" + (" ..." if len(names) > 12 else "") + "."
         if unbound_w:
             msg += (f" {len(unbound_w)} of them are weights, e.g. {unbound_w[0]}: bind them with "
                     "art.bind(model) or art.bind(state_dict), or pass every placeholder in order.")
@@ -261,12 +263,13 @@ class Artifact:
 
 # ---------------------------------------------------------------------------------------------- checks
 class _InputCheck:
-    __slots__ = ("index", "name", "is_tensor", "dtype", "shape", "device", "text")
+    __slots__ = ("index", "name", "is_tensor", "dtype", "shape", "stride", "device", "text")
 
     def __init__(self, index: int, name: str, is_tensor: bool, dtype: torch.dtype | None,
-                 shape: tuple[int | None, ...] | None, device: str | None):
+                 shape: tuple[int | None, ...] | None, device: str | None,
+                 stride: tuple[int | None, ...] | None = None):
         self.index, self.name, self.is_tensor = index, name, is_tensor
-        self.dtype, self.shape, self.device = dtype, shape, device
+        self.dtype, self.shape, self.device, self.stride = dtype, shape, device, stride
         dims = "x".join("?" if d is None else str(d) for d in (shape or ()))
         self.text = f"tensor[{dims}] {str(dtype).removeprefix('torch.')} on {device}" if is_tensor else "a number"
 
@@ -275,7 +278,8 @@ class _InputCheck:
         if spec.get("type") != "tensor":
             return cls(index, spec["name"], False, None, None, None)
         shape = tuple(d if isinstance(d, int) else None for d in spec["shape"])
-        return cls(index, spec["name"], True, getattr(torch, spec["dtype"]), shape, spec["device"])
+        stride = tuple(d if isinstance(d, int) else None for d in spec.get("stride") or ()) or None
+        return cls(index, spec["name"], True, getattr(torch, spec["dtype"]), shape, spec["device"], stride)
 
     def problem(self, value: Any) -> str | None:
         if not self.is_tensor:
@@ -286,6 +290,12 @@ class _InputCheck:
                 e is not None and e != s for e, s in zip(self.shape, value.shape)):
             got = "x".join(map(str, value.shape))
             return f"expected {self.text}, got tensor[{got}] {str(value.dtype).removeprefix('torch.')} on {value.device.type}"
+        if self.stride is not None and len(self.stride) == value.dim() and value.numel() and any(
+                e is not None and n > 1 and e != s for e, s, n in zip(self.stride, value.stride(), value.shape)):
+            # the compiled code indexes with the example's strides (Inductor asserts them; dims of size 1 are free)
+            want = ", ".join("?" if e is None else str(e) for e in self.stride)
+            return (f"expected {self.text} with stride ({want}), got stride {tuple(value.stride())} "
+                    "(e.g. a transposed or sliced view); pass .contiguous() or a tensor laid out like the example")
         return None
 
 
@@ -412,7 +422,8 @@ def load_from_cache(key: str, cache: str | Cache | None, *, bound: dict[int, tor
             _drop_ref(c, key, f"{len(lost)} of its parts are missing or corrupt")
             return None
     except (CacheError, ArtifactFormatError) as err:
-        warn_once(c, f"cache {c.url} failed while reading artifact {key[:12]}: {err}; treating it as a miss")
+        warn_once(c, f"cache {c.url} failed while reading artifact {key[:12]}: {err}; treating it as a miss",
+                  kind=f"read {type(err).__name__}")
         _safe_incr(c, errors=1)
         return None
     if check_env:
@@ -444,9 +455,11 @@ def _safe_incr(cache: Cache, **counts: int) -> None:
 _warned: set[tuple[str, str]] = set()
 
 
-def warn_once(cache: Cache, message: str) -> None:
-    """Log ``message`` as a warning once per cache URL and message kind (the first 40 characters)."""
-    tag = (cache.url, message[:40])
+def warn_once(cache: Cache, message: str, kind: str | None = None) -> None:
+    """Log ``message`` as a warning once per cache URL and ``kind`` (default: the message's first 40 characters);
+    repeats go to the debug level.  Give a ``kind`` for messages that name an artifact key, so that a cache that
+    fails the same way for every key is reported once, not once per key."""
+    tag = (cache.url, kind or message[:40])
     if tag not in _warned:
         _warned.add(tag)
         log.warning(message)
@@ -473,7 +486,8 @@ def store(cache: Cache, art: Artifact) -> bool:
         cache.set_ref(art.key, mdigest)
         return True
     except CacheError as err:
-        warn_once(cache, f"could not store artifact {art.key[:12]} in {cache.url}: {err}")
+        warn_once(cache, f"could not store artifact {art.key[:12]} in {cache.url}: {err}",
+                  kind=f"store {type(err).__name__}")
         _safe_incr(cache, errors=1)
         return False
 
@@ -505,6 +519,9 @@ def _read_binary(path: Path) -> tuple[Manifest, dict[str, bytes]]:
     import zstandard
 
     data = path.read_bytes()
+    if len(data) < len(MAGIC) and MAGIC.startswith(data):
+        raise ArtifactFormatError(f"{path} is truncated: it has {len(data)} bytes, fewer than the artifact's "
+                                  f"{len(MAGIC)}-byte header (an empty or cut-off copy); copy the artifact again")
     if not data.startswith(MAGIC):
         raise ArtifactFormatError(f"{path} is not a precompile artifact (it does not start with the artifact "
                                   "magic bytes); expected a file written by Artifact.save(format='binary')")

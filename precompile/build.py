@@ -158,7 +158,7 @@ def standalone_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], 
                 art.engine  # build the callable now, so the load time is honest and failures are a miss
             except Exception as err:  # noqa: BLE001 - a stored artifact that does not load is rebuilt
                 warn_once(c, f"artifact {key[:12]} from {c.url} failed to load ({type(err).__name__}: {err}); "
-                             "rebuilding it")
+                             "rebuilding it", kind="engine load")
                 _safe_incr(c, errors=1)
                 art = None
         if art is not None:

@@ -58,7 +58,8 @@ class NormalizedGraph:
         placeholders: one :class:`Placeholder` per input of ``gm``, in call order.
         bound: ``{placeholder index: tensor}`` for lifted attributes: the weights the original module held.
         in_spec / out_spec: pytree specs (``treespec_dumps`` strings) of a ``torch.export`` module's call
-            signature, or None for graphs that take and return flat sequences.
+            signature, or None for graphs that take flat inputs; a flat graph that returns a tuple or list
+            gets an ``out_spec`` of that container, so the artifact returns what the graph returns.
     """
 
     gm: torch.fx.GraphModule
@@ -119,6 +120,8 @@ def normalize_graph(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> tupl
         if info.out_spec is not None:
             out_spec = pytree.treespec_dumps(info.out_spec)
         graph._codegen = CodeGen()
+    if out_spec is None:
+        out_spec = _flat_out_spec(graph)
     _drop_export_guards(new)
 
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
@@ -169,6 +172,19 @@ def normalize_graph(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> tupl
         infos.append(Placeholder(node.name, kind or "user_input", fqn))
     flat = [bound[i] for i in range(n_lifted)] + flat_inputs
     return NormalizedGraph(new, infos, bound, in_spec, out_spec), flat
+
+
+def _flat_out_spec(graph: torch.fx.Graph) -> str | None:
+    """Spec of a flat graph's output container, when it returns a tuple or list of values.
+
+    Inductor's compiled callable returns a list for such a graph; with this spec the artifact returns the same
+    container as the graph (a Dynamo or ``make_fx`` graph returns a tuple).
+    """
+    out = next((n for n in reversed(graph.nodes) if n.op == "output"), None)
+    if out is None or not out.args or not isinstance(out.args[0], (tuple, list)):
+        return None
+    container = tuple if isinstance(out.args[0], tuple) else list
+    return pytree.treespec_dumps(pytree.tree_structure(container(0 for _ in out.args[0])))
 
 
 def _drop_export_guards(gm: torch.fx.GraphModule) -> None:
@@ -406,13 +422,21 @@ def graph_from_json(data: dict[str, Any]) -> torch.fx.GraphModule:
 def canonical_graph(data: dict[str, Any]) -> dict[str, Any]:
     """:func:`graph_to_json` output without node names: what the artifact key hashes.
 
-    Placeholders keep their position only; the output node and every reference are positional already.
+    Placeholders keep their position only (their target is the argument's name, e.g. ``L_x_`` or ``x_1``, so it
+    is dropped too); the output node and every reference are positional already.
     """
     return {
         "schema": data["schema"],
-        "nodes": [{k: v for k, v in n.items() if k != "name"} for n in data["nodes"]],
+        "nodes": [_canonical_node(n) for n in data["nodes"]],
         "submodules": {k: canonical_graph(v) for k, v in sorted(data.get("submodules", {}).items())},
     }
+
+
+def _canonical_node(node: dict[str, Any]) -> dict[str, Any]:
+    out = {k: v for k, v in node.items() if k != "name"}
+    if node["op"] == "placeholder":
+        out["target"] = None
+    return out
 
 
 def canonical_json(value: Any) -> bytes:

@@ -96,11 +96,14 @@ def worker(args: argparse.Namespace) -> int:
                 metric = torch.nn.functional.cosine_similarity(exp32, got32, dim=-1).min().item()
                 passed = metric >= COSINE_MIN
                 check = f"cosine min {metric:.6f}"
-            else:
-                tol = 1e-4 if exp32.dtype == expected.dtype else 2e-2
-                passed = torch.allclose(got32, exp32, rtol=tol, atol=tol)
+            elif expected.dtype == torch.float32:
+                passed = torch.allclose(got32, exp32, rtol=1e-4, atol=1e-4)
                 metric = (got32 - exp32).abs().max().item()
                 check = f"allclose, max |diff| {metric:.2e}"
+            else:  # bf16/fp16: fused kernels round differently; compare by relative error (METHOD.md: 1e-3..1e-2)
+                metric = ((got32 - exp32).norm() / exp32.norm()).item()
+                passed = metric < 1e-2
+                check = f"rel err {metric:.2e}, max |diff| {(got32 - exp32).abs().max().item():.2e}"
             ok &= passed
             for r in be.records:
                 rows.append({"recipe": name, "shape": str(shape), "key": r.key, "outcome": r.outcome,

@@ -1,0 +1,249 @@
+#!/usr/bin/env python
+"""Load benchmark: torch's ``CompiledArtifact.load`` vs ``precompile.load``, each in a fresh process.
+
+In one run, for one model and shape:
+
+1. build (one process): capture the model's graph with Dynamo; cold-compile it with
+   ``torch._inductor.standalone_compile`` (empty Inductor cache dir) and save torch's artifact; compile it
+   with ``precompile.standalone_compile`` into a fresh local cache.  Steady call latency of the freshly
+   compiled callable is the reference (``compiled_call_ms``).
+2. torch load (fresh process, empty Inductor and Triton cache dirs): ``import torch`` is excluded; everything
+   after it is timed: ``CompiledArtifact.load`` + the first call, then steady calls.
+3. precompile load (fresh process, empty Inductor and Triton cache dirs): the same with
+   ``precompile.load(key, cache=...)``, reading the cache included.
+
+Outputs of both loads are compared with the fresh compile's.  Peak extra resident memory of each load is
+``ru_maxrss`` after the first call minus before the load.
+
+    python tools/bench_load.py --model llama --shape 1x32
+    python tools/bench_load.py --model tools.recipes:transformer_blocks --shape 4x128 --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def _args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="llama", help="recipe: minilm, llama, ..., or module:function")
+    p.add_argument("--shape", default="1x32")
+    p.add_argument("--config", default=None, help="recipe config JSON")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default=None)
+    p.add_argument("--options", default=None, help="Inductor options JSON")
+    p.add_argument("--calls", type=int, default=30, help="steady calls timed (median reported)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    p.add_argument("--workdir", default=None, help="keep artifacts here (default: a temp dir)")
+    p.add_argument("--phase", default=None, help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def _steady_ms(fn, args, device: str, calls: int) -> float:
+    for _ in range(3):
+        fn(*args)
+    times = []
+    for _ in range(calls):
+        _sync(device)
+        t = time.perf_counter()
+        fn(*args)
+        _sync(device)
+        times.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(times)
+
+
+def _first(out):
+    import torch
+
+    if isinstance(out, torch.Tensor):
+        return out
+    return out[0]
+
+
+def phase_build(a: argparse.Namespace, work: Path) -> dict:
+    import torch
+
+    import precompile
+    from precompile.capture import capture_graphs
+    from precompile.models import get_recipe, parse_shapes
+
+    recipe = get_recipe(a.model, config=a.config, device=a.device, dtype=a.dtype)
+    (shape,) = parse_shapes(a.shape)
+    graphs = capture_graphs(recipe.model(), recipe.example_inputs(shape))
+    if len(graphs) != 1:
+        raise SystemExit(f"{a.model} gives {len(graphs)} graphs; this benchmark times one")
+    gm, ex = graphs[0]
+    options = json.loads(a.options) if a.options else {}
+    torch.save(ex, work / "inputs.pt")
+    from torch._inductor.utils import fresh_cache
+
+    with fresh_cache():
+        t = time.perf_counter()
+        tart = torch._inductor.standalone_compile(gm, ex, dynamic_shapes="from_example_inputs",
+                                                  options={"config_patches": options})
+        _sync(a.device)
+        torch_compile_s = time.perf_counter() - t
+        tart.save(path=str(work / "torch.bin"), format="binary")
+    with torch.no_grad():
+        compiled_ms = _steady_ms(tart, ex, a.device, a.calls)
+        ref = _first(tart(*ex)).detach().cpu()
+    torch.save(ref, work / "ref.pt")
+    return {"torch_compile_s": torch_compile_s, "compiled_call_ms": compiled_ms,
+            "torch_artifact_bytes": (work / "torch.bin").stat().st_size}
+
+
+def phase_build_ours(a: argparse.Namespace, work: Path) -> dict:
+    """precompile's cold compile into a fresh local cache, in its own fresh process."""
+    import torch
+
+    import precompile
+    from precompile.capture import capture_graphs
+    from precompile.models import get_recipe, parse_shapes
+
+    recipe = get_recipe(a.model, config=a.config, device=a.device, dtype=a.dtype)
+    (shape,) = parse_shapes(a.shape)
+    ((gm, ex),) = capture_graphs(recipe.model(), recipe.example_inputs(shape))
+    options = json.loads(a.options) if a.options else {}
+    url = "file://" + str(work / "cache")
+    t = time.perf_counter()
+    art = precompile.standalone_compile(gm, ex, options=options, cache=url)
+    _sync(a.device)
+    seconds = time.perf_counter() - t
+    with torch.no_grad():
+        compiled_ms = _steady_ms(art, ex, a.device, a.calls)
+    return {"precompile_compile_s": seconds, "precompile_compiled_call_ms": compiled_ms, "key": art.key,
+            "cache": url, "artifact_bytes": art.manifest.total_bytes(), "kernels": len(art.manifest.kernels),
+            "placeholders": len(art.manifest.placeholders)}
+
+
+def phase_load(a: argparse.Namespace, work: Path, which: str, key: str, url: str) -> dict:
+    import torch  # excluded from the load time
+
+    ex = torch.load(work / "inputs.pt", weights_only=False)
+    ref = torch.load(work / "ref.pt")
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    t0 = time.perf_counter()
+    if which == "torch":
+        fn = torch._inductor.CompiledArtifact.load(path=str(work / "torch.bin"), format="binary")
+    else:
+        import precompile
+
+        fn = precompile.load(key, cache=url)
+    t1 = time.perf_counter()
+    with torch.no_grad():
+        out = fn(*ex)
+        _sync(a.device)
+        t2 = time.perf_counter()
+        rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        steady = _steady_ms(fn, ex, a.device, a.calls)
+    got = _first(out).detach().cpu()
+    return {"load_s": t1 - t0, "first_call_s": t2 - t1, "steady_call_ms": steady,
+            "peak_extra_rss_mb": (rss1 - rss0) / 1024, "matches": bool(torch.equal(got, ref)),
+            "max_abs_diff": float((got.float() - ref.float()).abs().max())}
+
+
+def _child(a: argparse.Namespace, work: Path, phase: str, extra: list[str], env: dict) -> dict:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--phase", phase, "--workdir", str(work),
+           "--model", a.model, "--shape", a.shape, "--device", a.device, "--calls", str(a.calls)] + extra
+    for flag, v in (("--config", a.config), ("--dtype", a.dtype), ("--options", a.options)):
+        if v:
+            cmd += [flag, v]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.stderr.write(out.stderr[-4000:])
+        raise SystemExit(f"phase {phase} failed with exit code {out.returncode}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _fresh_env(work: Path, name: str) -> dict:
+    env = dict(os.environ)
+    d = Path(tempfile.mkdtemp(prefix=f"inductor-{name}-", dir=work))
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(d)
+    env["TRITON_CACHE_DIR"] = str(d / "triton")
+    env.setdefault("PYTHONPATH", str(HERE.parent))
+    env["PYTHONPATH"] = str(HERE.parent) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def main(argv=None) -> int:
+    a = _args(argv)
+    work = Path(a.workdir or tempfile.mkdtemp(prefix="bench-load-"))
+    work.mkdir(parents=True, exist_ok=True)
+    if a.phase:
+        if a.phase == "build":
+            result = phase_build(a, work)
+        elif a.phase == "build-ours":
+            result = phase_build_ours(a, work)
+        else:
+            which, key, url = a.phase.split(",", 2)
+            result = phase_load(a, work, which, key, url)
+        print(json.dumps(result))
+        return 0
+    build = _child(a, work, "build", [], _fresh_env(work, "build"))
+    build.update(_child(a, work, "build-ours", [], _fresh_env(work, "build-ours")))
+    t = _child(a, work, f"torch,{build['key']},{build['cache']}", [], _fresh_env(work, "torch"))
+    o = _child(a, work, f"ours,{build['key']},{build['cache']}", [], _fresh_env(work, "ours"))
+    import torch
+
+    result = {
+        "model": a.model, "shape": a.shape, "device": a.device, "dtype": a.dtype or "float32",
+        "options": json.loads(a.options) if a.options else {}, "torch": torch.__version__,
+        "compile_s": build["precompile_compile_s"], "torch_compile_s": build["torch_compile_s"],
+        "torch_load_s": t["load_s"], "precompile_load_s": o["load_s"],
+        "speedup": t["load_s"] / o["load_s"] if o["load_s"] else None,
+        "torch_first_call_s": t["first_call_s"], "first_call_s": o["first_call_s"],
+        "torch_steady_call_ms": t["steady_call_ms"], "steady_call_ms": o["steady_call_ms"],
+        "compiled_call_ms": build["compiled_call_ms"],
+        "torch_peak_extra_rss_mb": t["peak_extra_rss_mb"], "peak_extra_rss_mb": o["peak_extra_rss_mb"],
+        "outputs_match": {"torch": t["matches"], "precompile": o["matches"]},
+        "max_abs_diff": {"torch": t["max_abs_diff"], "precompile": o["max_abs_diff"]},
+        "artifact_bytes": build["artifact_bytes"], "torch_artifact_bytes": build["torch_artifact_bytes"],
+        "kernels": build["kernels"], "placeholders": build["placeholders"],
+    }
+    if a.json:
+        print(json.dumps(result))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"load benchmark: {a.model} {a.shape} on {a.device} ({result['dtype']}, options "
+                        f"{result['options'] or '{}'}), torch {torch.__version__}")
+    for col in ("", "torch CompiledArtifact", "precompile", "ratio torch/ours"):
+        table.add_column(col, justify="right")
+
+    def row(name, tv, ov, fmt):
+        table.add_row(name, fmt.format(tv), fmt.format(ov), f"{tv / ov:.2f}x" if ov else "-")
+
+    row("cold compile s", result["torch_compile_s"], result["compile_s"], "{:.2f}")
+    row("fresh-process load s", result["torch_load_s"], result["precompile_load_s"], "{:.3f}")
+    row("first call s", result["torch_first_call_s"], result["first_call_s"], "{:.4f}")
+    row("steady call ms", result["torch_steady_call_ms"], result["steady_call_ms"], "{:.3f}")
+    row("peak extra RSS MiB", result["torch_peak_extra_rss_mb"], result["peak_extra_rss_mb"], "{:.1f}")
+    row("artifact bytes", result["torch_artifact_bytes"], result["artifact_bytes"], "{:,}")
+    con = Console(width=120)
+    con.print(table)
+    con.print(f"freshly compiled steady call: {result['compiled_call_ms']:.3f} ms; outputs equal to the fresh "
+              f"compile: torch {t['matches']}, precompile {o['matches']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
