@@ -269,20 +269,18 @@ def _harvest(root: str, graphs: list[Any]) -> dict[str, Any]:
             k = Kernel(name=name, lang="triton", source=text)
             k.config = _template_config(text)
             kernels.append(k)
-    _attach_triton_binaries(rootp, kernels)
-    _attach_bundled_binaries(graphs, kernels)
-    autotune: dict[str, Any] = {}
+    best_configs: dict[str, Any] = {}
     for p in files:
         if p.suffix == ".best_config":
             try:
-                cfg = json.loads(p.read_text())
+                best_configs[str(p.relative_to(rootp))] = json.loads(p.read_text())
             except ValueError:
                 continue
-            owner = _kernel_for_best_config(p, cfg, kernels)
-            if owner is not None:
-                owner.config = {**(owner.config or {}), **cfg}
-            else:
-                autotune[str(p.relative_to(rootp))] = cfg
+    picked_hashes = {c.get("triton_cache_hash"): (rel, c) for rel, c in best_configs.items()
+                     if c.get("triton_cache_hash")}
+    used = _attach_triton_binaries(rootp, kernels, picked_hashes)
+    _attach_bundled_binaries(graphs, kernels)
+    autotune = {rel: c for rel, c in best_configs.items() if rel not in used}
     return {"wrappers": wrappers, "kernels": kernels, "autotune": autotune,
             "inputs_to_check": inputs_to_check, "mutated_inputs": mutated}
 
@@ -302,33 +300,58 @@ def _template_config(source: str) -> dict[str, Any] | None:
     return cfg
 
 
-def _attach_triton_binaries(root: Path, kernels: list[Kernel]) -> None:
+def _attach_triton_binaries(root: Path, kernels: list[Kernel],
+                            picked_hashes: dict[str, tuple[str, dict[str, Any]]]) -> set[str]:
+    """Attach each Triton kernel's compiled files from the private Triton cache dir.
+
+    Autotuning compiles one variant per candidate config, each in its own ``triton/<hash>/`` directory.  The
+    variant named by a ``.best_config`` file (its ``triton_cache_hash``) is the pick; without one, a kernel
+    with a single variant gets it, and a kernel with several keeps all of them under ``<hash>/<file>`` names.
+
+    Returns:
+        the ``.best_config`` paths that were attached to a kernel.
+    """
     by_fn: dict[str, Kernel] = {}
     for k in kernels:
         if k.lang == "triton":
             m = re.search(r"def (\w+)\(", k.source)
             if m:
                 by_fn[m.group(1)] = k
+    used: set[str] = set()
     triton_dir = root / "triton"
     if not triton_dir.exists():
-        return
-    for meta_path in triton_dir.rglob("*.json"):
+        return used
+    variants: dict[str, list[tuple[str, dict[str, Any], dict[str, bytes]]]] = {}
+    for meta_path in sorted(triton_dir.rglob("*.json")):
         if meta_path.name.startswith("__grp__"):
             continue
         try:
             meta = json.loads(meta_path.read_text())
         except ValueError:
             continue
-        k = by_fn.get(meta.get("name", ""))
-        if k is None:
+        if meta.get("name") not in by_fn:
             continue
-        for p in meta_path.parent.iterdir():
-            if p.is_file() and p.suffix in (".cubin", ".json", ".hsaco", ".spv") and not p.name.startswith("__grp__"):
-                k.binaries[p.name] = p.read_bytes()
-                k.relpaths[p.name] = str(p.relative_to(root))
-        picked = {f: meta.get(f) for f in ("num_warps", "num_stages", "num_ctas", "maxnreg") if f in meta}
-        if picked:
-            k.config = {**(k.config or {}), **picked}
+        files = {p.name: p.read_bytes() for p in sorted(meta_path.parent.iterdir())
+                 if p.is_file() and p.suffix in (".cubin", ".json", ".hsaco", ".spv", ".ptx")}
+        variants.setdefault(meta["name"], []).append((meta_path.parent.name, meta, files))
+    for fn, found in variants.items():
+        k = by_fn[fn]
+        chosen = [v for v in found if v[0] in picked_hashes]
+        if chosen:
+            rel, cfg = picked_hashes[chosen[0][0]]
+            used.add(rel)
+            k.config = {**(k.config or {}), **cfg}
+        chosen = chosen[:1] or found
+        for thash, meta, files in chosen:
+            for name, data in files.items():
+                fname = name if len(chosen) == 1 else f"{thash}/{name}"
+                k.binaries[fname] = data
+                k.relpaths[fname] = f"triton/{thash}/{name}"
+        if len(chosen) == 1:
+            meta = chosen[0][1]
+            k.config = {**{f: meta.get(f) for f in ("num_warps", "num_stages", "num_ctas", "maxnreg") if f in meta},
+                        **(k.config or {})}
+    return used
 
 
 def _attach_bundled_binaries(graphs: list[Any], kernels: list[Kernel]) -> None:
@@ -350,23 +373,6 @@ def _attach_bundled_binaries(graphs: list[Any], kernels: list[Kernel]) -> None:
                 if k is not None and not a.filename.startswith("__grp__"):
                     k.binaries[a.filename] = a.payload
                     k.relpaths[a.filename] = f"triton/{group.kernel_hash}/{a.filename}"
-
-
-def _kernel_for_best_config(path: Path, cfg: dict[str, Any], kernels: list[Kernel]) -> Kernel | None:
-    """The kernel a ``.best_config`` file belongs to: by the Triton cache hash it names (the directory of the
-    kernel's cubin), else by the kernel module source stored beside it."""
-    th = cfg.get("triton_cache_hash")
-    if th:
-        for k in kernels:
-            if any(f"/{th}/" in rel for rel in k.relpaths.values()):
-                return k
-    py = path.with_suffix(".py")
-    if py.exists():
-        text = py.read_text(errors="replace")
-        for k in kernels:
-            if k.lang == "triton" and k.source.strip() and k.source.strip() in text:
-                return k
-    return None
 
 
 # --------------------------------------------------------------------------------------------------- load
