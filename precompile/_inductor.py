@@ -413,3 +413,229 @@ def load_engine(payload: bytes, binaries: dict[str, bytes] | None = None) -> Any
 
     art = CacheCompiledArtifact._load_impl(contextlib.nullcontext(), aot_key)
     return art._compiled_fn
+
+
+# ------------------------------------------------------------------------------------------- fast path
+#
+# The portable path above rebuilds the callable the way ``CompiledArtifact.load`` does: it imports Inductor's
+# compile-time modules, probes the CPU's vector ISA with gcc and looks up (or rebuilds) every C++ kernel.  The
+# fast path runs Inductor's wrapper module itself, with its imports of compile-time modules replaced by light
+# stand-ins and every ``async_compile.cpp_pybinding(...)`` bound to the ``.so`` the artifact carries (loaded
+# from memory through memfd, never compiled).  It is only offered for graphs where the wrapper's ``call`` is
+# the whole story: inference, no mutated inputs, static shapes, every kernel C++ with a carried binary; and it
+# is validated at build time by comparing its outputs with the freshly compiled callable's, bit for bit.
+
+_FAST_IMPORTS = {
+    ("torch._inductor.hooks", "run_intermediate_hooks"): "run_intermediate_hooks",
+    ("torch._inductor.utils", "maybe_profile"): "maybe_profile",
+    ("torch._inductor.codegen.memory_planning", "_align"): "align",
+    ("torch._inductor.async_compile", "AsyncCompile"): "AsyncCompile",
+    ("torch._inductor.select_algorithm", "extern_kernels"): "extern_kernels",
+}
+_ALIGN_BYTES = 64  # torch._inductor.utils.ALIGN_BYTES
+_OPEN_MEMFDS: list[int] = []
+
+
+class _FastRuntime:
+    """What the rewritten wrapper module imports instead of Inductor's compile-time modules."""
+
+    def __init__(self, kernels: dict[str, bytes], extern: dict[str, Any]):
+        self._kernels = kernels  # sha256 of kernel source -> .so bytes
+        self.extern_kernels = _Namespace(extern)
+        runtime = self
+
+        class AsyncCompile:  # noqa: D401 - mirrors Inductor's name
+            def cpp_pybinding(self, argtypes: Any, source: str, *args: Any, **kwargs: Any) -> Any:
+                return runtime.load_cpp(source)
+
+            def wait(self, scope: Any) -> None:
+                return None
+
+        self.AsyncCompile = AsyncCompile
+
+    @staticmethod
+    def run_intermediate_hooks(name: str, value: Any) -> None:
+        return None
+
+    @staticmethod
+    @contextlib.contextmanager
+    def maybe_profile(should_profile: bool, *args: Any, **kwargs: Any):
+        yield
+
+    @staticmethod
+    def align(nbytes: int) -> int:
+        return (nbytes + _ALIGN_BYTES - 1) & -_ALIGN_BYTES
+
+    def load_cpp(self, source: str) -> Any:
+        import hashlib
+        import importlib.machinery
+        import importlib.util
+        import sys
+
+        digest = hashlib.sha256(source.encode()).hexdigest()
+        so = self._kernels.get(digest)
+        if so is None:
+            raise KeyError(f"no carried binary for C++ kernel source {digest[:12]}")
+        name = f"precompile_k{digest[:24]}.kernel"
+        module = sys.modules.get(name)
+        if module is None:
+            os.environ["_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR"] = str(
+                torch._C._dynamo.guards._torchinductor_pyobject_tensor_data_ptr)
+            # The memfd stays open for the life of the process: dlopen() recognizes an already loaded library
+            # by its path string, so a closed and reused /proc/self/fd/N would hand back another kernel.
+            fd = os.memfd_create(f"pc-{digest[:16]}.so", getattr(os, "MFD_CLOEXEC", 0))
+            _OPEN_MEMFDS.append(fd)
+            view = memoryview(so)
+            while view:
+                view = view[os.write(fd, view):]
+            loader = importlib.machinery.ExtensionFileLoader(name, f"/proc/self/fd/{fd}")
+            spec = importlib.util.spec_from_loader(name, loader)
+            module = importlib.util.module_from_spec(spec)
+            loader.exec_module(module)
+            sys.modules[name] = module
+        return module.kernel
+
+
+class _Namespace:
+    def __init__(self, table: dict[str, Any]):
+        self.__dict__.update(table)
+
+
+def _rewrite_wrapper(source: str) -> str | None:
+    """The wrapper source with its top-level imports of Inductor compile-time modules replaced by names bound
+    from ``__pc`` (a :class:`_FastRuntime`), or None if it imports something else from ``torch._inductor``."""
+    import ast
+
+    tree = ast.parse(source)
+    lines = source.splitlines(keepends=True)
+    edits: dict[int, str] = {}
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("torch._inductor"):
+            repl = []
+            for alias in node.names:
+                attr = _FAST_IMPORTS.get((node.module, alias.name))
+                if attr is None:
+                    return None
+                repl.append(f"{alias.asname or alias.name} = __pc.{attr}")
+            if node.end_lineno != node.lineno:
+                return None
+            edits[node.lineno - 1] = "; ".join(repl) + "\n"
+        elif isinstance(node, ast.Import) and any(a.name.startswith("torch._inductor") for a in node.names):
+            return None
+    for i, text in edits.items():
+        lines[i] = text
+    return "".join(lines)
+
+
+def fast_plan(result: BuildResult, flat_inputs: list[Any]) -> dict[str, Any] | None:
+    """Decide whether ``result`` can be loaded by the fast path, and validate it.
+
+    Returns:
+        ``{"wrapper": name, "extern": {name: "module:qualname"}}`` or None (then loads take the portable path).
+        The fast callable is built from the in-memory products and its outputs on ``flat_inputs`` must equal
+        the fresh callable's bit for bit; a mismatch or any failure means None, logged at debug level.
+    """
+    import hashlib
+
+    if len(result.wrappers) != 1 or result.mutated_inputs:
+        return None
+    if any(k.lang != "cpp" or not any(f.endswith(".so") for f in k.binaries) for k in result.kernels):
+        return None
+    if any(isinstance(x, torch.Tensor) and x.requires_grad for x in flat_inputs):
+        return None
+    if any(not isinstance(x, torch.Tensor) for x in flat_inputs):
+        return None
+    (name, source), = result.wrappers.items()
+    if re.search(r"async_compile\.(?!cpp_pybinding\(|wait\()\w+\(", source) or _rewrite_wrapper(source) is None:
+        return None
+    extern: dict[str, str] = {}
+    for ename in sorted(set(re.findall(r"\bextern_kernels\.(\w+)", source))):
+        from torch._inductor.select_algorithm import extern_kernels
+
+        fn = getattr(extern_kernels, ename, None)
+        ref = _importable_name(fn)
+        if ref is None:
+            log.debug("fast path off: extern kernel %s (%r) is not importable by name", ename, fn)
+            return None
+        extern[ename] = ref
+    kernels = {hashlib.sha256(k.source.encode()).hexdigest(): next(b for f, b in k.binaries.items() if f.endswith(".so"))
+               for k in result.kernels}
+    try:
+        fast = load_fast(source, extern, kernels, result.inputs_to_check)
+        with torch.no_grad():
+            want = result.compiled_fn(*flat_inputs)
+            got = fast(*flat_inputs)
+        want, got = list(want), list(got)
+        same = len(want) == len(got) and all(
+            type(a) is type(b) and (not isinstance(a, torch.Tensor) or (
+                a.shape == b.shape and a.stride() == b.stride() and a.dtype == b.dtype and torch.equal(a, b)))
+            for a, b in zip(want, got))
+    except Exception as err:  # noqa: BLE001 - any failure only turns the fast path off
+        log.debug("fast path off: validation failed: %s: %s", type(err).__name__, err)
+        return None
+    if not same:
+        log.debug("fast path off: outputs differ from the freshly compiled callable")
+        return None
+    return {"wrapper": name, "extern": extern}
+
+
+def _importable_name(fn: Any) -> str | None:
+    import importlib
+
+    module, name = getattr(fn, "__module__", None), getattr(fn, "__name__", None)
+    if not module or not name:
+        return None
+    try:
+        obj = importlib.import_module(module)
+        for part in name.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError):
+        return None
+    return f"{module}:{name}" if obj is fn else None
+
+
+def load_fast(wrapper_source: str, extern: dict[str, str], kernels: dict[str, bytes],
+              inputs_to_check: list[int]) -> Any:
+    """Build a callable from a wrapper module's source and carried kernel binaries, compiling nothing.
+
+    Args:
+        wrapper_source: Inductor's output code.
+        extern: ``{extern kernel name: "module:qualname"}`` for ``extern_kernels.<name>`` calls.
+        kernels: ``{sha256 of a C++ kernel's source: its .so bytes}``.
+        inputs_to_check: inputs Inductor assumed 16-byte aligned: misaligned ones are cloned first, as
+            Inductor's own ``copy_misaligned_inputs`` does.
+
+    Returns:
+        ``fn(*flat_inputs) -> tuple of outputs``.
+
+    Raises:
+        ValueError: the wrapper imports Inductor modules the fast path does not stand in for.
+        KeyError: a kernel has no carried binary.
+        ImportError / OSError: a binary or an extern kernel failed to load.
+    """
+    import importlib
+
+    src = _rewrite_wrapper(wrapper_source)
+    if src is None:
+        raise ValueError("the wrapper imports Inductor modules the fast path cannot stand in for")
+    table = {}
+    for ename, ref in extern.items():
+        module, _, qual = ref.partition(":")
+        obj: Any = importlib.import_module(module)
+        for part in qual.split("."):
+            obj = getattr(obj, part)
+        table[ename] = obj
+    ns: dict[str, Any] = {"__name__": "precompile_wrapper", "__pc": _FastRuntime(kernels, table)}
+    exec(compile(src, "<precompile wrapper>", "exec"), ns)  # noqa: S102 - Inductor's own generated code
+    call = ns["call"]
+    check = list(inputs_to_check)
+
+    def run(*args: Any) -> Any:
+        flat = list(args)
+        for i in check:
+            t = flat[i]
+            if t.data_ptr() % 16:
+                flat[i] = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device).copy_(t)
+        return call(flat)
+
+    return run

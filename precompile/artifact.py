@@ -60,6 +60,8 @@ class Artifact:
         manifest: the parsed :class:`~precompile.manifest.Manifest`.
         source: where it came from: ``"compiled"``, ``"cache"``, or the path it was loaded from.
         load_seconds: seconds the load took (0.0 for a fresh compile).
+        engine_kind: how the callable was made: ``"compiled"`` (fresh), ``"fast"`` (carried binaries, nothing
+            compiled), ``"portable"`` (Inductor's cache entries), or None before the first use.
     """
 
     def __init__(self, manifest: Manifest, blobs: Mapping[str, bytes], *, engine: Callable[..., Any] | None = None,
@@ -80,6 +82,8 @@ class Artifact:
         calling = manifest.calling or {}
         self._in_spec = _load_spec(calling.get("in_spec"))
         self._out_spec = _load_spec(calling.get("out_spec"))
+        self._outputs = calling.get("outputs")
+        self.engine_kind: str | None = "compiled" if engine is not None else None
 
     # -------------------------------------------------------------------------------------------- calling
     @property
@@ -182,6 +186,13 @@ class Artifact:
             from torch.utils import _pytree as pytree
 
             return pytree.tree_unflatten(list(out), self._out_spec)
+        kind = self._outputs
+        if kind == "tuple":
+            return out if type(out) is tuple else tuple(out)
+        if kind == "list":
+            return out if type(out) is list else list(out)
+        if kind == "single" and isinstance(out, (list, tuple)) and len(out) == 1:
+            return out[0]
         return out
 
     def _note_misaligned(self, flat: list[Any]) -> None:
@@ -311,6 +322,20 @@ def _load_spec(text: str | None):
 def _build_engine(art: Artifact) -> Callable[..., Any]:
     from precompile import _inductor
 
+    fast = art.manifest.parts.get("fast")
+    if fast and config.engine_mode() == "auto":
+        try:
+            kernels = {k["source"]: art.blob(next(d for f, d in k["binaries"].items() if f.endswith(".so")))
+                       for k in art.manifest.kernels}
+            wrapper = art.blob(art.manifest.parts["wrappers"][fast["wrapper"]]).decode()
+            engine = _inductor.load_fast(wrapper, fast["extern"], kernels,
+                                         [a["index"] for a in art.manifest.alignment if a["inductor_assumes_aligned"]])
+            art.engine_kind = "fast"
+            return engine
+        except Exception as err:  # noqa: BLE001 - the portable path is the fallback for any failure
+            log.warning("fast load of artifact %s failed (%s: %s); using the portable path", art.key[:12],
+                        type(err).__name__, err)
+    art.engine_kind = "portable"
     binaries: dict[str, bytes] = {}
     for k in art.manifest.kernels:
         for fname, digest in k["binaries"].items():
@@ -393,8 +418,8 @@ def load_from_cache(key: str, cache: str | Cache | None, *, bound: dict[int, tor
     """The artifact stored under ``key``, or None on a miss.
 
     Reads the ref, the manifest and the blobs a load needs (engine payload, binaries), all verified by the
-    backend.  A ref whose manifest or blobs are missing or corrupt is a miss: the ref is dropped so the next
-    build replaces it.  Cache failures are misses too (logged once, counted under ``errors``).
+    backend, and checks that the other parts exist (they are read, and verified, when used).  A ref whose
+    manifest or blobs are missing or corrupt is a miss: the ref is dropped so the next build replaces it.  Cache failures are misses too (logged once, counted under ``errors``).
 
     Raises:
         EnvironmentMismatchError: only if ``check_env`` and the stored manifest's key fields differ from here
@@ -418,6 +443,9 @@ def load_from_cache(key: str, cache: str | Cache | None, *, bound: dict[int, tor
         needed = manifest.load_digests()
         got = c.get_blobs(needed)
         lost = [d for d, v in got.items() if v is MISS]
+        # parts a load does not read (sources, graph, wrappers) are read lazily; they must at least exist, or an
+        # entry whose part was found corrupt (and dropped) on a lazy read would be served forever, never whole
+        lost += [d for d in manifest.part_digests() if d not in got and not c.has_blob(d)]
         if lost:
             _drop_ref(c, key, f"{len(lost)} of its parts are missing or corrupt")
             return None

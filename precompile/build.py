@@ -233,7 +233,17 @@ def build(norm: NormalizedGraph, flat: list[Any], plan: dict[str, Any], *, dynam
         build={"seconds": round(result.compile_seconds, 3), "created": datetime.now(timezone.utc).isoformat(),
                "precompile": __version__, "mutated_inputs": result.mutated_inputs,
                "inductor_files": len(result.cache_files)},
-        calling={"in_spec": norm.in_spec, "out_spec": norm.out_spec},
+        calling={"in_spec": norm.in_spec, "out_spec": norm.out_spec, "outputs": _output_kind(norm.gm)},
     )
     engine = result.compiled_fn
+    manifest.parts["fast"] = _inductor.fast_plan(result, flat)
+    if manifest.parts["fast"] is None:
+        log.info("artifact %s loads through the portable path only", plan["key"][:12])
     return Artifact(manifest, blobs, engine=engine, bound=norm.bound, source="compiled")
+
+
+def _output_kind(gm: torch.fx.GraphModule) -> str:
+    """``"tuple"``, ``"list"`` or ``"single"``: what the graph's output node returns."""
+    out = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    value = out.args[0]
+    return "tuple" if isinstance(value, tuple) else "list" if isinstance(value, list) else "single"

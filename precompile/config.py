@@ -9,6 +9,7 @@ temporary directory by setting the environment before the call.
 | ``XDG_CACHE_HOME`` | base of the default local cache | ``~/.cache`` |
 | ``PRECOMPILE_CACHE_MAX_BYTES`` | size cap of a local cache, bytes (LRU eviction above it) | 20 GiB |
 | ``PRECOMPILE_LOG`` | log level of the ``precompile`` logger (``INFO``, ``DEBUG``...) | unset: inherit |
+| ``PRECOMPILE_ENGINE`` | ``auto`` (fast path where the artifact offers one) or ``portable`` (always rebuild through Inductor's cache entries) | ``auto`` |
 """
 
 from __future__ import annotations
@@ -56,3 +57,15 @@ def local_max_bytes() -> int:
 def log_level() -> str | None:
     """Level name from ``PRECOMPILE_LOG``, or None when unset."""
     return os.environ.get("PRECOMPILE_LOG") or None
+
+
+def engine_mode() -> str:
+    """``"auto"`` or ``"portable"`` from ``PRECOMPILE_ENGINE``.
+
+    Raises:
+        ValueError: the variable holds another value.
+    """
+    mode = (os.environ.get("PRECOMPILE_ENGINE") or "auto").strip().lower()
+    if mode not in ("auto", "portable"):
+        raise ValueError(f"PRECOMPILE_ENGINE must be 'auto' or 'portable', got {mode!r}")
+    return mode

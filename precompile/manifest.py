@@ -97,10 +97,13 @@ class Manifest:
         return list(self.blobs)
 
     def load_digests(self) -> list[str]:
-        """The blobs a load needs: the engine payload and the kernel binaries (not sources, not the graph)."""
+        """The blobs a load needs: engine payload, kernel binaries, and the wrapper source when the artifact offers
+        the fast path (not kernel sources, not the graph)."""
         out = [self.parts["engine_payload"]]
         for k in self.kernels:
             out.extend(k["binaries"].values())
+        if self.parts.get("fast"):
+            out.append(self.parts["wrappers"][self.parts["fast"]["wrapper"]])
         return out
 
     def total_bytes(self) -> int:
