@@ -630,12 +630,16 @@ def load_fast(wrapper_source: str, extern: dict[str, str], kernels: dict[str, by
     call = ns["call"]
     check = list(inputs_to_check)
 
+    no_grad = torch.no_grad
+
     def run(*args: Any) -> Any:
         flat = list(args)
         for i in check:
             t = flat[i]
             if t.data_ptr() % 16:
                 flat[i] = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device).copy_(t)
-        return call(flat)
+        # an inference graph: Inductor's runtime wrapper runs it without autograd too
+        with no_grad():
+            return call(flat)
 
     return run
