@@ -46,6 +46,8 @@ def _args(argv=None) -> argparse.Namespace:
     p.add_argument("--calls", type=int, default=30, help="steady calls timed (median reported)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.add_argument("--workdir", default=None, help="keep artifacts here (default: a temp dir)")
+    p.add_argument("--concurrent", type=int, default=0,
+                   help="also start this many precompile loads at once and report their load seconds")
     p.add_argument("--phase", default=None, help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -155,22 +157,30 @@ def phase_load(a: argparse.Namespace, work: Path, which: str, key: str, url: str
         rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         steady = _steady_ms(fn, ex, a.device, a.calls)
     got = _first(out).detach().cpu()
-    return {"load_s": t1 - t0, "first_call_s": t2 - t1, "steady_call_ms": steady,
+    return {"load_s": t1 - t0, "engine": getattr(fn, "engine_kind", "torch"), "first_call_s": t2 - t1, "steady_call_ms": steady,
             "peak_extra_rss_mb": (rss1 - rss0) / 1024, "matches": bool(torch.equal(got, ref)),
             "max_abs_diff": float((got.float() - ref.float()).abs().max())}
 
 
-def _child(a: argparse.Namespace, work: Path, phase: str, extra: list[str], env: dict) -> dict:
+def _start_child(a: argparse.Namespace, work: Path, phase: str, env: dict) -> subprocess.Popen:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--phase", phase, "--workdir", str(work),
-           "--model", a.model, "--shape", a.shape, "--device", a.device, "--calls", str(a.calls)] + extra
+           "--model", a.model, "--shape", a.shape, "--device", a.device, "--calls", str(a.calls)]
     for flag, v in (("--config", a.config), ("--dtype", a.dtype), ("--options", a.options)):
         if v:
             cmd += [flag, v]
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if out.returncode != 0:
-        sys.stderr.write(out.stderr[-4000:])
-        raise SystemExit(f"phase {phase} failed with exit code {out.returncode}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _finish_child(proc: subprocess.Popen) -> dict:
+    out, err = proc.communicate()
+    if proc.returncode != 0:
+        sys.stderr.write(err[-4000:])
+        raise SystemExit(f"benchmark phase {proc.args[3]} failed with exit code {proc.returncode}")
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def _child(a: argparse.Namespace, work: Path, phase: str, extra: list[str], env: dict) -> dict:
+    return _finish_child(_start_child(a, work, phase, env))
 
 
 def _fresh_env(work: Path, name: str) -> dict:
@@ -201,6 +211,11 @@ def main(argv=None) -> int:
     build.update(_child(a, work, "build-ours", [], _fresh_env(work, "build-ours")))
     t = _child(a, work, f"torch,{build['key']},{build['cache']}", [], _fresh_env(work, "torch"))
     o = _child(a, work, f"ours,{build['key']},{build['cache']}", [], _fresh_env(work, "ours"))
+    concurrent = []
+    if a.concurrent:
+        procs = [_start_child(a, work, f"ours,{build['key']},{build['cache']}", _fresh_env(work, f"ours{i}"))
+                 for i in range(a.concurrent)]
+        concurrent = [_finish_child(p)["load_s"] for p in procs]
     import torch
 
     result = {
@@ -217,7 +232,13 @@ def main(argv=None) -> int:
         "max_abs_diff": {"torch": t["max_abs_diff"], "precompile": o["max_abs_diff"]},
         "artifact_bytes": build["artifact_bytes"], "torch_artifact_bytes": build["torch_artifact_bytes"],
         "kernels": build["kernels"], "placeholders": build["placeholders"],
+        "engine": o["engine"],
     }
+    if concurrent:
+        result["concurrent_loads"] = len(concurrent)
+        result["concurrent_load_s_max"] = max(concurrent)
+        result["concurrent_load_s_median"] = statistics.median(concurrent)
+        result["concurrent_vs_lone"] = max(concurrent) / o["load_s"]
     if a.json:
         print(json.dumps(result))
         return 0
@@ -241,7 +262,10 @@ def main(argv=None) -> int:
     con = Console(width=120)
     con.print(table)
     con.print(f"freshly compiled steady call: {result['compiled_call_ms']:.3f} ms; outputs equal to the fresh "
-              f"compile: torch {t['matches']}, precompile {o['matches']}")
+              f"compile: torch {t['matches']}, precompile {o['matches']}; precompile engine: {o['engine']}")
+    if concurrent:
+        con.print(f"{len(concurrent)} precompile loads at once: max {max(concurrent):.3f} s, median "
+                  f"{statistics.median(concurrent):.3f} s ({result['concurrent_vs_lone']:.2f}x a lone load)")
     return 0
 
 

@@ -23,7 +23,7 @@ python3 -m precompile.cli stats
 ls -la "$OUT"
 # load benchmark (issue 4's anchor: Llama 8 layers, hidden 1024, bf16, 4x256)
 if [ "${BENCH:-1}" = 1 ]; then
-  python3 tools/bench_load.py --model llama --config "$CFG" --device cuda --dtype bfloat16 --shape 4x256 --calls 50 --json \
+  python3 tools/bench_load.py --model llama --config "$CFG" --device cuda --dtype bfloat16 --shape 4x256 --calls 50 --concurrent 8 --json \
     > "$OUT/bench_default.json" && cat "$OUT/bench_default.json"
   python3 tools/bench_load.py --model llama --config "$CFG" --device cuda --dtype bfloat16 --shape 4x256 --calls 50 \
     --options '{"max_autotune": true}'
