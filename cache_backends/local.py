@@ -110,6 +110,19 @@ def manifest_blob_digests(manifest: bytes) -> list[str]:
     return found
 
 
+_warned_roots: set[tuple[Path, str]] = set()
+_warned_lock = threading.Lock()
+
+
+def _warn_once_per_root(root: Path, kind: str, message: str) -> None:
+    """Log a warning about the state of a cache directory once per process (later ones at debug level): callers
+    open a new :class:`LocalCache` per URL, and a read-only directory must not warn on every compile."""
+    with _warned_lock:
+        first = (root, kind) not in _warned_roots
+        _warned_roots.add((root, kind))
+    log.log(logging.WARNING if first else logging.DEBUG, "%s", message)
+
+
 def _decompress(raw: bytes) -> bytes:
     """Decompress one zstd frame written by :meth:`LocalCache.put_blob`.
 
@@ -314,7 +327,7 @@ class LocalCache(Cache):
         if not self.read_only:
             self.read_only = True
             self._read_only_reason = f"it is not writable ({err.strerror or err})"
-            log.warning("%s", self._read_only_message())
+            _warn_once_per_root(self.root, "read-only", self._read_only_message())
 
     def _read_only_message(self) -> str:
         return (
@@ -659,8 +672,9 @@ class LocalCache(Cache):
             except Exception as err:  # incr never raises
                 if not self._warned_stats:
                     self._warned_stats = True
-                    log.warning(
-                        "cannot persist cache counters in %s (%s); keeping them in this process only", self.root, err
+                    _warn_once_per_root(
+                        self.root, "counters",
+                        f"cannot persist cache counters in {self.root} ({err}); keeping them in this process only",
                     )
 
     def counters(self) -> dict[str, int]:

@@ -58,8 +58,7 @@ class NormalizedGraph:
         placeholders: one :class:`Placeholder` per input of ``gm``, in call order.
         bound: ``{placeholder index: tensor}`` for lifted attributes: the weights the original module held.
         in_spec / out_spec: pytree specs (``treespec_dumps`` strings) of a ``torch.export`` module's call
-            signature, or None for graphs that take flat inputs; a flat graph that returns a tuple or list
-            gets an ``out_spec`` of that container, so the artifact returns what the graph returns.
+            signature, or None for graphs that take and return flat sequences.
     """
 
     gm: torch.fx.GraphModule
@@ -120,8 +119,6 @@ def normalize_graph(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> tupl
         if info.out_spec is not None:
             out_spec = pytree.treespec_dumps(info.out_spec)
         graph._codegen = CodeGen()
-    if out_spec is None:
-        out_spec = _flat_out_spec(graph)
     _drop_export_guards(new)
 
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
@@ -172,19 +169,6 @@ def normalize_graph(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> tupl
         infos.append(Placeholder(node.name, kind or "user_input", fqn))
     flat = [bound[i] for i in range(n_lifted)] + flat_inputs
     return NormalizedGraph(new, infos, bound, in_spec, out_spec), flat
-
-
-def _flat_out_spec(graph: torch.fx.Graph) -> str | None:
-    """Spec of a flat graph's output container, when it returns a tuple or list of values.
-
-    Inductor's compiled callable returns a list for such a graph; with this spec the artifact returns the same
-    container as the graph (a Dynamo or ``make_fx`` graph returns a tuple).
-    """
-    out = next((n for n in reversed(graph.nodes) if n.op == "output"), None)
-    if out is None or not out.args or not isinstance(out.args[0], (tuple, list)):
-        return None
-    container = tuple if isinstance(out.args[0], tuple) else list
-    return pytree.treespec_dumps(pytree.tree_structure(container(0 for _ in out.args[0])))
 
 
 def _drop_export_guards(gm: torch.fx.GraphModule) -> None:
