@@ -527,25 +527,18 @@ def minilm_reference_embeddings(sentences: Sequence[str]) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------------------- random-weight LMs
+_DECODER_DEFAULTS = dict(
+    hidden_size=256,
+    intermediate_size=512,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=1024,
+    max_position_embeddings=512,
+)
 _LM_DEFAULTS: dict[str, dict[str, Any]] = {
-    "llama": dict(
-        hidden_size=256,
-        intermediate_size=512,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=1024,
-        max_position_embeddings=512,
-    ),
-    "qwen2": dict(
-        hidden_size=256,
-        intermediate_size=512,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=1024,
-        max_position_embeddings=512,
-    ),
+    "llama": dict(_DECODER_DEFAULTS),
+    "qwen2": dict(_DECODER_DEFAULTS),
     "gpt2": dict(
         n_embd=256,
         n_inner=512,
