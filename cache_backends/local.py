@@ -478,8 +478,13 @@ class LocalCache(Cache):
 
         Raises:
             ValueError: ``digest`` is not 64 lowercase hex characters.
+            CacheUnavailableError: the directory cannot be read (permissions, I/O error).
         """
-        return self._blob_path(check_name(digest)).is_file()
+        path = self._blob_path(check_name(digest))
+        try:
+            return path.is_file()
+        except OSError as err:
+            raise CacheUnavailableError(f"could not stat blob {digest} under {self.root}: {err}") from err
 
     def put_blob(self, data: bytes, digest: str | None = None) -> str:
         """Store ``data`` zstd-compressed (idempotent) and return its digest (sha256 hex of ``data``).

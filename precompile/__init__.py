@@ -31,7 +31,6 @@ _ERRORS = (
     "CacheURLError",
     "CacheUnavailableError",
     "CacheReadOnlyError",
-    "CacheCorruptionError",
     "ArtifactError",
     "ArtifactFormatError",
     "ArtifactNotFoundError",
@@ -39,6 +38,7 @@ _ERRORS = (
     "UnserializableGraphError",
     "InputMismatchError",
     "BuildError",
+    "OptionsError",
     "RecipeError",
 )
 _LAZY.update({name: "precompile.errors" for name in _ERRORS})

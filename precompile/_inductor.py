@@ -34,9 +34,6 @@ import torch
 
 log = logging.getLogger("precompile.inductor")
 
-TORCH_VERSION = tuple(int(x) for x in re.findall(r"\d+", torch.__version__)[:2])
-
-
 @dataclass
 class Kernel:
     """One generated kernel.
@@ -204,9 +201,12 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], *, dynami
                      sum(bool(k.config) for k in ks) + len(result["autotune"]), len(cache_files))
             log.debug("Inductor cache dir files: %s", sorted(cache_files))
         finally:
-            # every product is in memory now, but the live callable may still open files (Triton loads
-            # kernels lazily): remove the directory when the process ends
-            atexit.register(shutil.rmtree, root, ignore_errors=True)
+            # every product is in memory now; C++ kernels are loaded already, but Triton may still open files
+            # of the live callable lazily: then the directory goes when the process ends
+            if any(p.suffix in (".cubin", ".hsaco") for p in Path(root).rglob("*")):
+                atexit.register(shutil.rmtree, root, ignore_errors=True)
+            else:
+                shutil.rmtree(root, ignore_errors=True)
     compiled = art._compiled_fn
     return BuildResult(compiled_fn=compiled, engine_payload=payload, cache_files=cache_files,
                        compile_seconds=seconds, **result)
@@ -368,7 +368,7 @@ def _attach_bundled_binaries(graphs: list[Any], kernels: list[Kernel]) -> None:
         bundle = getattr(g, "_triton_bundle", None)
         for group in getattr(bundle, "kernel_artifacts", None) or []:
             for a in getattr(group, "artifacts", []):
-                stem = a.filename.rsplit(".", 1)[0].removeprefix("__grp__")
+                stem = a.filename.rsplit(".", 1)[0]
                 k = by_fn.get(stem)
                 if k is not None and not a.filename.startswith("__grp__"):
                     k.binaries[a.filename] = a.payload
@@ -422,7 +422,8 @@ def load_engine(payload: bytes, binaries: dict[str, bytes] | None = None) -> Any
 # fast path runs Inductor's wrapper module itself, with its imports of compile-time modules replaced by light
 # stand-ins and every ``async_compile.cpp_pybinding(...)`` bound to the ``.so`` the artifact carries (loaded
 # from memory through memfd, never compiled).  It is only offered for graphs where the wrapper's ``call`` is
-# the whole story: inference, no mutated inputs, static shapes, every kernel C++ with a carried binary; and it
+# the whole story: inference, no mutated inputs, tensor inputs only (so no symbolic sizes), every kernel C++
+# with a carried binary; and it
 # is validated at build time by comparing its outputs with the freshly compiled callable's, bit for bit.
 
 _FAST_IMPORTS = {

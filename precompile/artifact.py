@@ -7,7 +7,7 @@ File format (``format="binary"``, one file; see docs/format.md)::
     manifest   u64 LE length + manifest JSON bytes
     count      u32 LE    number of blobs
     blob * count:  32-byte raw sha256 of the uncompressed bytes, u64 LE length, zstd frame of that length
-    end        8 bytes   b"PCART-END"[:8]
+    end        8 bytes   b"PCARTEND"
 
 The unpacked directory (``format="unpacked"``) holds ``manifest.json``, ``index.json`` (digest -> file) and each
 part as a file a person opens directly: ``graph/code.py``, ``graph/graph.json``, ``inputs.json``,
@@ -503,17 +503,13 @@ def store(cache: Cache, art: Artifact) -> bool:
         raised.
     """
     try:
-        blobs = art.all_blobs()
-        written = 0
-        for digest, data in blobs.items():
-            if not cache.has_blob(digest):
-                cache.put_blob(data, digest)
-                written += 1
-        raw = art.manifest.to_json()
-        mdigest = cache.put_blob(raw)
-        cache.set_ref(art.key, mdigest)
+        # put_blob of a blob already there writes nothing but refreshes it, so a concurrent eviction's grace
+        # period protects it until the ref below lands
+        for digest, data in art.all_blobs().items():
+            cache.put_blob(data, digest)
+        cache.set_ref(art.key, cache.put_blob(art.manifest.to_json()))
         return True
-    except CacheError as err:
+    except (CacheError, ArtifactNotFoundError) as err:
         warn_once(cache, f"could not store artifact {art.key[:12]} in {cache.url}: {err}",
                   kind=f"store {type(err).__name__}")
         _safe_incr(cache, errors=1)

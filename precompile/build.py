@@ -13,17 +13,13 @@ import torch
 from cache_backends.base import Cache, digest_bytes
 from precompile import __version__, config, fingerprint
 from precompile.artifact import Artifact, _safe_incr, load_from_cache, store, warn_once
-from precompile.errors import BuildError, CacheError, InputMismatchError, PrecompileError
+from precompile.errors import BuildError, CacheError, InputMismatchError, OptionsError, PrecompileError
 from precompile.graph import NormalizedGraph, canonical_graph, canonical_json, graph_to_json, normalize_graph, readable_code
 from precompile.manifest import Manifest
 
 log = logging.getLogger("precompile")
 
 DYNAMIC_SHAPES = ("from_example_inputs", "from_tracing_context", "from_graph")
-
-
-class OptionsError(PrecompileError, ValueError):
-    """``options`` holds a name that is not an Inductor config option, or a value a key cannot hold."""
 
 
 def input_specs(norm: NormalizedGraph, flat_inputs: Sequence[Any], dynamic_shapes: str) -> list[dict[str, Any]]:
@@ -84,7 +80,7 @@ def prepare(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, dynamic_
 
     Returns:
         ``(normalized, flat_inputs, plan)``; ``plan`` holds ``key``, ``factors``, ``specs``, ``graph_json``,
-        ``options`` (normalized) and ``env`` (full fingerprint).
+        ``options`` (normalized), ``env`` (the fingerprint's key fields) and ``devices``.
 
     Raises:
         ValueError: ``dynamic_shapes`` is not one of the three accepted values.
@@ -104,7 +100,7 @@ def prepare(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, dynamic_
     graph_json = graph_to_json(norm.gm)
     specs = input_specs(norm, flat, dynamic_shapes)
     devices = {s["device"] for s in specs if s.get("type") == "tensor"} or {"cpu"}
-    env = fingerprint.environment(devices)
+    env = fingerprint.environment(devices, full=False)  # key fields only; build() records the rest
     factors = {
         "format": config.FORMAT_VERSION,
         "graph": digest_bytes(canonical_json(canonical_graph(graph_json))),
@@ -115,7 +111,7 @@ def prepare(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, dynamic_
         "calling": [norm.in_spec, norm.out_spec],
     }
     plan = {"key": compute_key(factors), "factors": factors, "specs": specs, "graph_json": graph_json,
-            "options": opts, "env": env}
+            "options": opts, "env": env, "devices": devices}
     return norm, flat, plan
 
 
@@ -146,13 +142,19 @@ def standalone_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], 
     """
     from cache_backends.registry import open_cache
 
+    config.engine_mode()  # a bad PRECOMPILE_ENGINE is the caller's error, not a failed load to rebuild over
     norm, flat, plan = prepare(gm, example_inputs, dynamic_shapes=dynamic_shapes, options=options)
     key = plan["key"]
     c = None
     if cache is not None:
-        c = open_cache(cache)
+        try:
+            c = open_cache(cache)
+        except CacheError as err:
+            log.warning("cache %s cannot be opened (%s); compiling without it", cache, err)
+    if c is not None:
         start = time.perf_counter()
-        art = load_from_cache(key, c, bound=norm.bound)
+        # the key was computed here, from this environment: no need to compare fingerprints again
+        art = load_from_cache(key, c, bound=norm.bound, check_env=False)
         if art is not None:
             try:
                 art.engine  # build the callable now, so the load time is honest and failures are a miss
@@ -229,7 +231,7 @@ def build(norm: NormalizedGraph, flat: list[Any], plan: dict[str, Any], *, dynam
     manifest = Manifest(
         key=plan["key"], factors=plan["factors"], placeholders=plan["specs"], parts=parts, kernels=kernels,
         autotune={"kernels": {k["name"]: k["config"] for k in kernels if k["config"]}, "other": result.autotune},
-        alignment=alignment, env=plan["env"], blobs=roles,
+        alignment=alignment, env=fingerprint.environment(plan["devices"]), blobs=roles,
         build={"seconds": round(result.compile_seconds, 3), "created": datetime.now(timezone.utc).isoformat(),
                "precompile": __version__, "mutated_inputs": result.mutated_inputs,
                "inductor_files": len(result.cache_files)},

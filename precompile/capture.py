@@ -63,15 +63,32 @@ class Backend:
 
     def __post_init__(self) -> None:
         from cache_backends.registry import open_cache
+        from precompile.errors import CacheError
 
-        self.cache = open_cache(self.cache)
+        try:
+            self.cache = open_cache(self.cache)
+        except CacheError as err:
+            log.warning("cache %s cannot be opened (%s); graphs are compiled without it", self.cache, err)
+            self.cache = None
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]):
         from precompile.build import standalone_compile
+        from precompile.errors import InputMismatchError, OptionsError, PrecompileError
 
         start = time.perf_counter()
-        art = standalone_compile(gm, example_inputs, dynamic_shapes=self.dynamic_shapes, options=self.options,
-                                 cache=self.cache)
+        try:
+            art = standalone_compile(gm, example_inputs, dynamic_shapes=self.dynamic_shapes, options=self.options,
+                                     cache=self.cache)
+        except (OptionsError, InputMismatchError):
+            raise  # the caller's mistake: the same with or without precompile
+        except PrecompileError as err:
+            # a graph precompile cannot store (or an Inductor failure) must not break the user's torch.compile:
+            # hand it to Inductor directly, uncached, as torch.compile's own backend would
+            log.warning("precompile cannot cache graph %d (%s: %s); compiling it with Inductor directly, uncached",
+                        len(self.records), type(err).__name__, err)
+            from torch._inductor.compile_fx import compile_fx
+
+            return compile_fx(gm, example_inputs, config_patches=self.options or None)
         seconds = time.perf_counter() - start
         self.records.append(GraphRecord(
             index=len(self.records), key=art.key, outcome="hit" if art.source == "cache" else "built",

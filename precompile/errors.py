@@ -32,10 +32,6 @@ class CacheReadOnlyError(CacheError, PermissionError):
     """A write was attempted on a cache that is read-only (by configuration or by file permissions)."""
 
 
-class CacheCorruptionError(CacheError):
-    """Stored bytes did not match their digest.  The bad copy has already been dropped."""
-
-
 # ------------------------------------------------------------------------------------------------ artifact
 class ArtifactError(PrecompileError):
     """An artifact could not be built, saved, loaded or called."""
@@ -80,6 +76,10 @@ class InputMismatchError(ArtifactError, TypeError):
 
 class BuildError(ArtifactError, RuntimeError):
     """Inductor failed to compile the graph.  The original exception is chained as ``__cause__``."""
+
+
+class OptionsError(ArtifactError, ValueError):
+    """``options`` holds a name that is not an Inductor config option, or a value a key cannot hold."""
 
 
 class RecipeError(PrecompileError, ValueError):

@@ -107,7 +107,16 @@ def normalize_graph(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> tupl
     """
     if not isinstance(gm, torch.fx.GraphModule):
         raise TypeError(f"standalone_compile takes a torch.fx.GraphModule, got {type(gm).__name__}")
-    new = copy.deepcopy(gm)
+    # copy the graph and module structure, not the weights: the artifact binds the caller's own tensors
+    memo: dict[int, Any] = {}
+    for t in [*gm.parameters(), *gm.buffers()]:
+        memo[id(t)] = t
+    for node in gm.graph.nodes:
+        if node.op == "get_attr":
+            value = _resolve_attr(gm, node.target)
+            if isinstance(value, torch.Tensor):
+                memo[id(value)] = value
+    new = copy.deepcopy(gm, memo)
     graph = new.graph
     in_spec = out_spec = None
     flat_inputs = list(example_inputs)

@@ -97,13 +97,13 @@ class Manifest:
         return list(self.blobs)
 
     def load_digests(self) -> list[str]:
-        """The blobs a load needs: engine payload, kernel binaries, and the wrapper source when the artifact offers
-        the fast path (not kernel sources, not the graph)."""
-        out = [self.parts["engine_payload"]]
-        for k in self.kernels:
-            out.extend(k["binaries"].values())
+        """The blobs a load needs: kernel binaries, plus the wrapper source when the artifact offers the fast path,
+        else the engine payload (a fast load that fails reads the payload then).  Not sources, not the graph."""
+        out = [d for k in self.kernels for d in k["binaries"].values()]
         if self.parts.get("fast"):
             out.append(self.parts["wrappers"][self.parts["fast"]["wrapper"]])
+        else:
+            out.append(self.parts["engine_payload"])
         return out
 
     def total_bytes(self) -> int:

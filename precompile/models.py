@@ -266,7 +266,8 @@ class Recipe:
             module = self._build()
             if not isinstance(module, torch.nn.Module):
                 raise RecipeError(f"recipe {self.name!r} built a {type(module).__name__}, not a torch.nn.Module")
-            module = module.to(device=self.device, dtype=self.dtype).eval().requires_grad_(False)
+            cast = self.dtype if getattr(self, "_explicit_dtype", True) else None
+            module = module.to(device=self.device, dtype=cast).eval().requires_grad_(False)
             self._model = module
             log.info("built %r: %d parameters", self, sum(p.numel() for p in module.parameters()))
         return self._model

@@ -35,7 +35,7 @@ def run_job(job: Job, threads: int | None = None) -> list[dict[str, Any]]:
 
     Raises:
         RecipeError: the recipe, config or shape is invalid.
-        BuildError: Inductor failed on a graph.
+        torch._dynamo.exc.BackendCompilerFailed: Inductor failed on a graph (Dynamo wraps backend errors).
     """
     import json
 
@@ -80,9 +80,11 @@ def run_jobs(jobs: list[Job], n_procs: int, on_done: Callable[[Job, list[dict[st
     if n_procs <= 1:
         for job in jobs:
             try:
-                on_done(job, run_job(job, threads), None)
+                rows = run_job(job, threads)
             except Exception as err:  # noqa: BLE001 - reported per job in the summary
                 on_done(job, None, err)
+            else:
+                on_done(job, rows, None)
         return
     import multiprocessing
 
@@ -92,9 +94,11 @@ def run_jobs(jobs: list[Job], n_procs: int, on_done: Callable[[Job, list[dict[st
         for fut in as_completed(futures):
             job = futures[fut]
             try:
-                on_done(job, fut.result(), None)
-            except Exception as err:  # noqa: BLE001
+                rows = fut.result()
+            except Exception as err:  # noqa: BLE001 - reported per job in the summary
                 on_done(job, None, err)
+            else:
+                on_done(job, rows, None)
 
 
 def make_jobs(recipes: Iterable[str], shapes: str, config: str | None, cache: str, device: str,

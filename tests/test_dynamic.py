@@ -41,7 +41,3 @@ def test_from_graph_keeps_the_symbolic_batch(tmp_path):
         args[user], args[size] = y, batch
         for a in (art, loaded):
             torch.testing.assert_close(a(*args)[0], model(y), rtol=1e-5, atol=1e-5)
-    # a concrete-shape compile of the same graph is another artifact
-    concrete = precompile.standalone_compile(gm, [x if i == user else (4 if i == size else e)
-                                                  for i, e in enumerate(example)])
-    assert concrete.key != art.key

@@ -1,0 +1,54 @@
+"""The torch.compile backend degrades instead of failing; the serialized graph rebuilds the same graph."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+
+import precompile
+from precompile.graph import graph_from_json, graph_to_json, normalize_graph
+
+import _graphs
+
+
+def test_backend_compiles_uncached_when_a_graph_cannot_be_stored(tmp_path, caplog):
+    def local_fn(x):  # a local function kept in the graph: not importable by name, so not storable
+        return x * 2 + 1
+
+    torch._dynamo.allow_in_graph(local_fn)
+
+    def f(x):
+        return local_fn(torch.relu(x)) - 3
+
+    x = torch.randn(8, 8)
+    be = precompile.backend(cache="file://" + str(tmp_path / "cache"))
+    torch._dynamo.reset()
+    with caplog.at_level(logging.WARNING, logger="precompile"):
+        out = torch.compile(f, backend=be)(x)
+    torch.testing.assert_close(out, f(x))
+    assert be.records == []
+    assert "compiling it with Inductor directly, uncached" in caplog.text and "local_fn" in caplog.text
+    assert not any(Path(tmp_path, "cache", "ref").glob("*"))
+
+
+def test_bad_engine_mode_fails_before_any_cache_lookup(tmp_path, monkeypatch):
+    gm, inputs = _graphs.dynamo_graph(_graphs.mlp().requires_grad_(False), _graphs.example())
+    url = "file://" + str(tmp_path / "cache")
+    monkeypatch.setenv("PRECOMPILE_ENGINE", "turbo")
+    with pytest.raises(ValueError, match="PRECOMPILE_ENGINE"):
+        precompile.standalone_compile(gm, inputs, cache=url)
+    assert precompile.open_cache(url).counters()["misses"] == 0
+
+
+def test_serialized_graph_rebuilds_an_equivalent_module():
+    model = _graphs.mlp()
+    x = _graphs.example()
+    for gm, inputs in (_graphs.dynamo_graph(model, x), _graphs.make_fx_graph(model, x)):
+        norm, flat = normalize_graph(gm, inputs)
+        data = graph_to_json(norm.gm)
+        rebuilt = graph_from_json(data)
+        assert graph_to_json(rebuilt) == data
+        torch.testing.assert_close(rebuilt(*flat), norm.gm(*flat), rtol=0, atol=0)
