@@ -12,7 +12,6 @@ Prints one JSON line with what it did; exits non-zero on any failure.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path

@@ -11,7 +11,6 @@ import sys
 import time
 from pathlib import Path
 
-import filelock
 import pytest
 
 from cache_backends import COUNTERS, MISS, digest_bytes, open_cache

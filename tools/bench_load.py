@@ -83,7 +83,6 @@ def _first(out):
 def phase_build(a: argparse.Namespace, work: Path) -> dict:
     import torch
 
-    import precompile
     from precompile.capture import capture_graphs
     from precompile.models import get_recipe, parse_shapes
 
@@ -179,7 +178,7 @@ def _finish_child(proc: subprocess.Popen) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
-def _child(a: argparse.Namespace, work: Path, phase: str, extra: list[str], env: dict) -> dict:
+def _child(a: argparse.Namespace, work: Path, phase: str, env: dict) -> dict:
     return _finish_child(_start_child(a, work, phase, env))
 
 
@@ -188,8 +187,7 @@ def _fresh_env(work: Path, name: str) -> dict:
     d = Path(tempfile.mkdtemp(prefix=f"inductor-{name}-", dir=work))
     env["TORCHINDUCTOR_CACHE_DIR"] = str(d)
     env["TRITON_CACHE_DIR"] = str(d / "triton")
-    env.setdefault("PYTHONPATH", str(HERE.parent))
-    env["PYTHONPATH"] = str(HERE.parent) + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE.parent), env.get("PYTHONPATH")) if p)
     return env
 
 
@@ -207,10 +205,10 @@ def main(argv=None) -> int:
             result = phase_load(a, work, which, key, url)
         print(json.dumps(result))
         return 0
-    build = _child(a, work, "build", [], _fresh_env(work, "build"))
-    build.update(_child(a, work, "build-ours", [], _fresh_env(work, "build-ours")))
-    t = _child(a, work, f"torch,{build['key']},{build['cache']}", [], _fresh_env(work, "torch"))
-    o = _child(a, work, f"ours,{build['key']},{build['cache']}", [], _fresh_env(work, "ours"))
+    build = _child(a, work, "build", _fresh_env(work, "build"))
+    build.update(_child(a, work, "build-ours", _fresh_env(work, "build-ours")))
+    t = _child(a, work, f"torch,{build['key']},{build['cache']}", _fresh_env(work, "torch"))
+    o = _child(a, work, f"ours,{build['key']},{build['cache']}", _fresh_env(work, "ours"))
     concurrent = []
     if a.concurrent:
         procs = [_start_child(a, work, f"ours,{build['key']},{build['cache']}", _fresh_env(work, f"ours{i}"))
