@@ -28,7 +28,8 @@ from typing import Final
 #: Names of the counters every backend keeps.
 COUNTERS: Final = ("hits", "misses", "builds", "puts", "bytes_read", "bytes_written", "errors", "evictions")
 
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+#: A digest or an artifact key: 64 lowercase hex characters.
+HEX64: Final = re.compile(r"^[0-9a-f]{64}$")
 
 
 class _Miss:
@@ -63,7 +64,7 @@ def check_name(name: str, what: str = "digest") -> str:
     Raises:
         ValueError: otherwise, naming ``what`` it was meant to be (a digest or an artifact key).
     """
-    if not isinstance(name, str) or not _HEX64.match(name):
+    if not isinstance(name, str) or not HEX64.match(name):
         raise ValueError(f"a {what} must be 64 lowercase hex characters, got {name!r}")
     return name
 

@@ -46,7 +46,7 @@ from urllib.parse import parse_qsl, quote, unquote, urlsplit
 import filelock
 import zstandard
 
-from cache_backends.base import COUNTERS, MISS, Cache, _Miss, check_name, digest_bytes
+from cache_backends.base import COUNTERS, HEX64, MISS, Cache, _Miss, check_name, digest_bytes
 from precompile import config
 from precompile.errors import CacheError, CacheReadOnlyError, CacheUnavailableError, CacheURLError
 
@@ -54,7 +54,6 @@ __all__ = ["LocalCache", "manifest_blob_digests"]
 
 log = logging.getLogger("precompile.cache")
 
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _HEX62 = re.compile(r"^[0-9a-f]{62}$")
 _HEX2 = re.compile(r"^[0-9a-f]{2}$")
 
@@ -100,12 +99,12 @@ def manifest_blob_digests(manifest: bytes) -> list[str]:
         item = stack.pop()
         if isinstance(item, dict):
             for k, v in item.items():
-                if isinstance(k, str) and _HEX64.match(k):
+                if isinstance(k, str) and HEX64.match(k):
                     found.append(k)
                 stack.append(v)
         elif isinstance(item, list):
             stack.extend(item)
-        elif isinstance(item, str) and _HEX64.match(item):
+        elif isinstance(item, str) and HEX64.match(item):
             found.append(item)
     return found
 
@@ -541,7 +540,7 @@ class LocalCache(Cache):
         except OSError as err:
             raise CacheUnavailableError(f"could not read ref {key} under {self.root}: {err}") from err
         digest = text.decode("ascii", "replace").strip()
-        if not _HEX64.match(digest):
+        if not HEX64.match(digest):
             log.warning("cache ref %s under %s is corrupt (%r); dropped, treated as a miss", key, self.root, text[:80])
             if not self.read_only:
                 ident = (st.st_dev, st.st_ino)
@@ -603,7 +602,7 @@ class LocalCache(Cache):
         except OSError as err:
             raise CacheUnavailableError(f"could not list refs under {self.root}: {err}") from err
         for entry in entries:
-            if not _HEX64.match(entry.name):
+            if not HEX64.match(entry.name):
                 continue
             try:
                 with open(entry.path, "rb") as f:
@@ -613,7 +612,7 @@ class LocalCache(Cache):
                 continue
             except OSError as err:
                 raise CacheUnavailableError(f"could not read ref {entry.name} under {self.root}: {err}") from err
-            if _HEX64.match(digest):
+            if HEX64.match(digest):
                 out.append((entry.name, digest, st))
         return out
 
@@ -790,7 +789,7 @@ class LocalCache(Cache):
         names = {manifest_digest}
         if data is not MISS:
             try:
-                names.update(d for d in self._referenced_fn()(data) if isinstance(d, str) and _HEX64.match(d))
+                names.update(d for d in self._referenced_fn()(data) if isinstance(d, str) and HEX64.match(d))
             except Exception as err:
                 log.warning(
                     "cache manifest %s does not parse (%s); eviction keeps only the manifest", manifest_digest, err

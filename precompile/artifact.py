@@ -17,7 +17,6 @@ part as a file a person opens directly: ``graph/code.py``, ``graph/graph.json``,
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -76,7 +75,7 @@ class Artifact:
         self._engine = engine
         self._engine_lock = threading.Lock()
         self._bound: dict[int, torch.Tensor] = dict(bound or {})
-        self._checks = [_InputCheck.from_spec(i, spec) for i, spec in enumerate(manifest.placeholders)]
+        self._checks = [_InputCheck.from_spec(spec) for spec in manifest.placeholders]
         self._misaligned_warned: set[int] = set()
         self._aligned_assumed = {a["index"] for a in manifest.alignment if a.get("inductor_assumes_aligned")}
         calling = manifest.calling or {}
@@ -274,23 +273,23 @@ class Artifact:
 
 # ---------------------------------------------------------------------------------------------- checks
 class _InputCheck:
-    __slots__ = ("index", "name", "is_tensor", "dtype", "shape", "stride", "device", "text")
+    __slots__ = ("name", "is_tensor", "dtype", "shape", "stride", "device", "text")
 
-    def __init__(self, index: int, name: str, is_tensor: bool, dtype: torch.dtype | None,
+    def __init__(self, name: str, is_tensor: bool, dtype: torch.dtype | None,
                  shape: tuple[int | None, ...] | None, device: str | None,
                  stride: tuple[int | None, ...] | None = None):
-        self.index, self.name, self.is_tensor = index, name, is_tensor
+        self.name, self.is_tensor = name, is_tensor
         self.dtype, self.shape, self.device, self.stride = dtype, shape, device, stride
         dims = "x".join("?" if d is None else str(d) for d in (shape or ()))
         self.text = f"tensor[{dims}] {str(dtype).removeprefix('torch.')} on {device}" if is_tensor else "a number"
 
     @classmethod
-    def from_spec(cls, index: int, spec: dict[str, Any]) -> _InputCheck:
+    def from_spec(cls, spec: dict[str, Any]) -> _InputCheck:
         if spec.get("type") != "tensor":
-            return cls(index, spec["name"], False, None, None, None)
+            return cls(spec["name"], False, None, None, None)
         shape = tuple(d if isinstance(d, int) else None for d in spec["shape"])
         stride = tuple(d if isinstance(d, int) else None for d in spec.get("stride") or ()) or None
-        return cls(index, spec["name"], True, getattr(torch, spec["dtype"]), shape, spec["device"], stride)
+        return cls(spec["name"], True, getattr(torch, spec["dtype"]), shape, spec["device"], stride)
 
     def problem(self, value: Any) -> str | None:
         if not self.is_tensor:
@@ -328,8 +327,7 @@ def _build_engine(art: Artifact) -> Callable[..., Any]:
             kernels = {k["source"]: art.blob(next(d for f, d in k["binaries"].items() if f.endswith(".so")))
                        for k in art.manifest.kernels}
             wrapper = art.blob(art.manifest.parts["wrappers"][fast["wrapper"]]).decode()
-            engine = _inductor.load_fast(wrapper, fast["extern"], kernels,
-                                         [a["index"] for a in art.manifest.alignment if a["inductor_assumes_aligned"]])
+            engine = _inductor.load_fast(wrapper, fast["extern"], kernels, sorted(art._aligned_assumed))
             art.engine_kind = "fast"
             return engine
         except Exception as err:  # noqa: BLE001 - the portable path is the fallback for any failure
@@ -578,7 +576,7 @@ def _read_binary(path: Path) -> tuple[Manifest, dict[str, bytes]]:
             raw = dctx.decompress(frame, max_output_size=1 << 34)
         except zstandard.ZstdError as err:
             raise ArtifactFormatError(f"{path}: blob {digest[:12]} does not decompress ({err})") from err
-        if hashlib.sha256(raw).hexdigest() != digest:
+        if digest_bytes(raw) != digest:
             raise ArtifactFormatError(f"{path}: blob {digest[:12]} does not match its digest (the file is corrupt)")
         blobs[digest] = raw
     if bytes(take(len(END), "the end marker")) != END:

@@ -23,9 +23,10 @@ class Manifest:
         key: the artifact key, 64 hex chars: sha256 of the canonical encoding of ``factors``.
         factors: what the key hashes: ``graph`` (digest of the canonical graph), ``inputs`` (input specs
             without names), ``options`` (normalized Inductor config patches), ``env`` (key fields of the
-            fingerprint), ``dynamic_shapes`` and ``format``.
+            fingerprint), ``dynamic_shapes``, ``calling`` (pytree specs) and ``format``.
         placeholders: per input: name, kind, fqn, shape, stride, dtype, device, requires_grad, aligned.
-        parts: digests of the graph, wrapper modules, engine payload (``{"fx_graph": {...}, ...}``).
+        parts: digests of the graph, wrapper modules, engine payload (``{"fx_graph": {...}, ...}``), and
+            ``fast``: ``{"wrapper", "extern"}`` when the artifact loads without Inductor, else None.
         kernels: per kernel: name, lang, source digest, binaries ``{file: digest}``, relpaths, config.
         autotune: autotune picks: ``{"kernels": {name: config}, "other": {...}}``.
         alignment: per input: whether it was 16-byte aligned at build, and whether Inductor assumed so.

@@ -59,7 +59,9 @@ def run_job(job: Job, threads: int | None = None) -> list[dict[str, Any]]:
     total = time.perf_counter() - start
     rows = []
     for r in be.records:
-        rows.append({"recipe": job.recipe, "shape": job.shape, "graph": r.index, **asdict(r), "job_seconds": total})
+        row = asdict(r)
+        row["graph"] = row.pop("index")
+        rows.append({"recipe": job.recipe, "shape": job.shape, **row, "job_seconds": total})
     return rows
 
 

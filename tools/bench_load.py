@@ -80,9 +80,8 @@ def _first(out):
     return out[0]
 
 
-def phase_build(a: argparse.Namespace, work: Path) -> dict:
-    import torch
-
+def _graph(a: argparse.Namespace):
+    """The model's one Dynamo graph, its example inputs and the Inductor options, as every build phase uses."""
     from precompile.capture import capture_graphs
     from precompile.models import get_recipe, parse_shapes
 
@@ -92,7 +91,13 @@ def phase_build(a: argparse.Namespace, work: Path) -> dict:
     if len(graphs) != 1:
         raise SystemExit(f"{a.model} gives {len(graphs)} graphs; this benchmark times one")
     gm, ex = graphs[0]
-    options = json.loads(a.options) if a.options else {}
+    return gm, ex, json.loads(a.options) if a.options else {}
+
+
+def phase_build(a: argparse.Namespace, work: Path) -> dict:
+    import torch
+
+    gm, ex, options = _graph(a)
     torch.save(ex, work / "inputs.pt")
     from torch._inductor.utils import fresh_cache
 
@@ -116,13 +121,8 @@ def phase_build_ours(a: argparse.Namespace, work: Path) -> dict:
     import torch
 
     import precompile
-    from precompile.capture import capture_graphs
-    from precompile.models import get_recipe, parse_shapes
 
-    recipe = get_recipe(a.model, config=a.config, device=a.device, dtype=a.dtype)
-    (shape,) = parse_shapes(a.shape)
-    ((gm, ex),) = capture_graphs(recipe.model(), recipe.example_inputs(shape))
-    options = json.loads(a.options) if a.options else {}
+    gm, ex, options = _graph(a)
     url = "file://" + str(work / "cache")
     t = time.perf_counter()
     art = precompile.standalone_compile(gm, ex, options=options, cache=url)
