@@ -25,11 +25,37 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from typing import Final
 
+import zstandard
+
 #: Names of the counters every backend keeps.
-COUNTERS: Final = ("hits", "misses", "builds", "puts", "bytes_read", "bytes_written", "errors", "evictions")
+#: ``waits``: a miss served by waiting for another worker's build; ``takeovers``: a build started after another
+#: worker's lease expired (a dead or stalled builder).
+COUNTERS: Final = ("hits", "misses", "builds", "puts", "bytes_read", "bytes_written", "errors", "evictions",
+                   "waits", "takeovers")
 
 #: A digest or an artifact key: 64 lowercase hex characters.
 HEX64: Final = re.compile(r"^[0-9a-f]{64}$")
+
+
+#: Largest decompressed/compressed ratio accepted from a frame header (zstd's own bound is ~32768); a header
+#: claiming more is corruption, rejected before allocating the output.
+_MAX_RATIO = 65536
+
+
+def decompress_frame(raw: bytes) -> bytes:
+    """Decompress one zstd frame written by a backend's ``put_blob`` (``zstandard.ZstdCompressor().compress``).
+
+    Raises:
+        ValueError: truncated or garbled data, or a header claiming an implausible size (checked before the
+            output is allocated).
+    """
+    try:
+        size = zstandard.frame_content_size(raw)
+        if size < 0 or size > len(raw) * _MAX_RATIO + (1 << 20):
+            raise ValueError(f"frame header claims {size} bytes for {len(raw)} bytes of input")
+        return zstandard.ZstdDecompressor().decompress(raw)
+    except (zstandard.ZstdError, MemoryError) as err:
+        raise ValueError(f"{type(err).__name__}: {err}") from err
 
 
 class _Miss:
@@ -147,6 +173,31 @@ class Cache(ABC):
     @abstractmethod
     def iter_refs(self) -> Iterator[tuple[str, str]]:
         """Yield ``(key, digest)`` for every ref, in no particular order."""
+
+    # --------------------------------------------------------------------------------------------- leases
+    #: True if this backend can coordinate builds across processes (``acquire_lease`` and friends work).
+    supports_leases: bool = False
+    #: Seconds a worker waits for another worker's build of the same key before building itself.
+    wait_s: float = 600.0
+    #: Seconds a build lease lives unless renewed.
+    lease_ttl_s: float = 30.0
+
+    def acquire_lease(self, key: str, ttl_s: float | None = None) -> str | None:
+        """Take the build lease of artifact ``key`` for ``ttl_s`` seconds: a random token, or None if another
+        worker holds it.  Backends without leases (``supports_leases`` False) raise NotImplementedError."""
+        raise NotImplementedError(f"{type(self).__name__} has no build leases")
+
+    def renew_lease(self, key: str, token: str, ttl_s: float | None = None) -> bool:
+        """Extend the lease ``token`` holds to ``ttl_s`` seconds from now; False if it was lost."""
+        raise NotImplementedError(f"{type(self).__name__} has no build leases")
+
+    def release_lease(self, key: str, token: str) -> bool:
+        """Give the lease back if ``token`` still holds it (compare-and-delete); True if it did."""
+        raise NotImplementedError(f"{type(self).__name__} has no build leases")
+
+    def lease_held(self, key: str) -> bool:
+        """True if some worker holds the build lease of ``key`` now."""
+        raise NotImplementedError(f"{type(self).__name__} has no build leases")
 
     # ------------------------------------------------------------------------------------------- counters
     @abstractmethod

@@ -46,7 +46,8 @@ from urllib.parse import parse_qsl, quote, unquote, urlsplit
 import filelock
 import zstandard
 
-from cache_backends.base import COUNTERS, HEX64, MISS, Cache, _Miss, check_name, digest_bytes
+from cache_backends.base import COUNTERS, HEX64, MISS, Cache, _Miss, check_name, decompress_frame, digest_bytes
+from cache_backends.options import parse_bool, parse_level, parse_positive_int, parse_seconds
 from precompile import config
 from precompile.errors import CacheError, CacheReadOnlyError, CacheUnavailableError, CacheURLError
 
@@ -74,9 +75,6 @@ STALE_TEMP_S = 3600.0
 STATS_LOCK_TIMEOUT_S = 10.0
 #: Seconds between two full scans of blob/ to decide whether to evict (own writes are added in between).
 SIZE_RESCAN_S = 10.0
-#: Largest decompressed/compressed ratio accepted from a frame header (zstd's own bound is ~32768); a header
-#: claiming more is corruption, rejected before allocating the output.
-_MAX_RATIO = 65536
 _MAX_READ_THREADS = 8
 
 
@@ -122,64 +120,12 @@ def _warn_once_per_root(root: Path, kind: str, message: str) -> None:
     log.log(logging.WARNING if first else logging.DEBUG, "%s", message)
 
 
-def _decompress(raw: bytes) -> bytes:
-    """Decompress one zstd frame written by :meth:`LocalCache.put_blob`.
-
-    Raises:
-        ValueError: truncated or garbled data, or a header claiming an implausible size (checked before the
-            output is allocated).
-    """
-    try:
-        size = zstandard.frame_content_size(raw)
-        if size < 0 or size > len(raw) * _MAX_RATIO + (1 << 20):
-            raise ValueError(f"frame header claims {size} bytes for {len(raw)} bytes of input")
-        return zstandard.ZstdDecompressor().decompress(raw)
-    except (zstandard.ZstdError, MemoryError) as err:
-        raise ValueError(f"{type(err).__name__}: {err}") from err
-
-
-def _parse_bool(name: str, raw: str) -> bool:
-    low = raw.strip().lower()
-    if low in ("1", "true", "yes", "on"):
-        return True
-    if low in ("0", "false", "no", "off", ""):
-        return False
-    raise CacheURLError(f"cache URL option {name}= must be 1/0/true/false, got {raw!r}")
-
-
-def _parse_positive_int(name: str, raw: str) -> int:
-    try:
-        value = int(raw.strip().replace("_", ""))
-    except ValueError:
-        value = 0
-    if value <= 0:
-        raise CacheURLError(f"cache URL option {name}= must be a positive integer (bytes), got {raw!r}")
-    return value
-
-
-def _parse_seconds(name: str, raw: str) -> float:
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not value >= 0 or value == float("inf"):
-        raise CacheURLError(f"cache URL option {name}= must be a number of seconds >= 0, got {raw!r}")
-    return value
-
-
-def _parse_level(name: str, raw: str) -> int:
-    try:
-        return int(raw)
-    except ValueError:
-        raise CacheURLError(f"cache URL option {name}= must be an integer zstd level, got {raw!r}") from None
-
-
 #: Query options of a ``file://`` URL and their parsers.
 _URL_OPTIONS: dict[str, Callable[[str, str], object]] = {
-    "max_bytes": _parse_positive_int,
-    "read_only": _parse_bool,
-    "grace_s": _parse_seconds,
-    "level": _parse_level,
+    "max_bytes": parse_positive_int,
+    "read_only": parse_bool,
+    "grace_s": parse_seconds,
+    "level": parse_level,
 }
 
 
@@ -431,7 +377,7 @@ class LocalCache(Cache):
         except OSError as err:
             raise CacheUnavailableError(f"could not read blob {digest} under {self.root}: {err}") from err
         try:
-            data = _decompress(raw)
+            data = decompress_frame(raw)
         except ValueError as err:
             self._drop_bad_blob(digest, path, st, f"undecodable, {len(raw)} bytes on disk: {err}")
             return MISS, len(raw), 1
@@ -914,7 +860,7 @@ class LocalCache(Cache):
                 raise CacheUnavailableError(f"could not read blob {digest} under {self.root}: {err}") from err
             checked += 1
             try:
-                data = _decompress(raw)
+                data = decompress_frame(raw)
                 ok = digest_bytes(data) == digest
                 nbytes += len(data)
             except ValueError:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from urllib.parse import urlsplit
 
 from cache_backends.base import Cache
@@ -22,14 +22,24 @@ def _register_builtin() -> None:
         from cache_backends.local import LocalCache
 
         register_backend("file", LocalCache.from_url)
+    for scheme in ("redis", "rediss", "unix"):
+        _BACKENDS.setdefault(scheme, _open_redis)
 
 
-def open_cache(url: str | Cache | None = None) -> Cache:
+def _open_redis(url: str) -> Cache:
+    from cache_backends.redis_cache import RedisCache  # imported on first use: file:// loads never import redis
+
+    return RedisCache.from_url(url)
+
+
+def open_cache(url: str | Cache | Sequence[str] | None = None) -> Cache:
     """Open the cache a URL names.
 
     Args:
-        url: ``file:///abs/dir`` (a plain path is taken as ``file://``), an already open :class:`Cache`
-            (returned as is), or None for ``$PRECOMPILE_CACHE``, else the embedded default
+        url: ``file:///abs/dir`` (a plain path is taken as ``file://``), ``redis://``/``rediss://``/``unix://``
+            (see :class:`cache_backends.redis_cache.RedisCache`), a tiered cache as two URLs joined by ``|`` or
+            a list of two URLs (near tier first; :class:`cache_backends.tiered.TieredCache`), an already open
+            :class:`Cache` (returned as is), or None for ``$PRECOMPILE_CACHE``, else the embedded default
             ``$XDG_CACHE_HOME/precompile`` (``~/.cache/precompile``).
 
     Raises:
@@ -39,6 +49,16 @@ def open_cache(url: str | Cache | None = None) -> Cache:
         return url
     if url is None:
         url = config.default_cache_url()
+    if isinstance(url, str) and "|" in url:
+        url = url.split("|")
+    if isinstance(url, (list, tuple)):
+        tiers = [u.strip() for u in url if isinstance(u, str) and u.strip()]
+        if len(tiers) != 2 or len(tiers) != len(url):
+            raise CacheURLError(f"a tiered cache takes exactly two URLs, near tier first (e.g. "
+                                f"'file:///var/cache/precompile|redis://cache:6379/0'), got {url!r}")
+        from cache_backends.tiered import TieredCache
+
+        return TieredCache(open_cache(tiers[0]), open_cache(tiers[1]))
     if not isinstance(url, str) or not url.strip():
         raise CacheURLError(f"a cache URL must be a non-empty string such as 'file:///var/cache/precompile', got {url!r}")
     url = url.strip()

@@ -241,3 +241,24 @@ def pytest_configure(config):
     # torch's own deprecation noise when a GraphModule with pytree specs is deep-copied (torch 2.13)
     config.addinivalue_line("filterwarnings", "ignore:`isinstance\\(treespec, LeafSpec\\)` is deprecated:FutureWarning")
     config.addinivalue_line("filterwarnings", "ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+
+
+# ------------------------------------------------------------------------------------------------- Redis
+@pytest.fixture
+def redis_server(tmp_path):
+    """A fresh real redis-server on a free loopback port (and a unix socket), stopped after the test."""
+    from _redis import RedisServer
+
+    server = RedisServer(tmp_path / "redis").start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def redis_cluster(tmp_path_factory):
+    """A real 3-master Redis Cluster, shared by a test module (tests use distinct key prefixes)."""
+    from _redis import RedisCluster
+
+    cluster = RedisCluster(tmp_path_factory.mktemp("cluster")).start()
+    yield cluster
+    cluster.stop()

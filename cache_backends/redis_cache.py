@@ -1,0 +1,703 @@
+"""``redis://``, ``rediss://``, ``unix://``: a cache in Redis or Redis Cluster, shared by a fleet.
+
+Key layout (``P`` is the key prefix, default ``precompile``; see DESIGN.md, "Cache layout")::
+
+    P:blob:{<digest>}        the blob's head: b"PCB1" + kind byte + payload
+                               kind "Z": the payload is the whole zstd frame (small blobs)
+                               kind "C": the payload is struct "<IQ" (chunk count, frame length in bytes)
+    P:blob:{<digest>}:<i>    chunk i of the zstd frame of a chunked blob (i = 0..count-1)
+    P:ref:<artifact key>     the manifest digest (64 hex ASCII bytes)
+    P:lease:<artifact key>   a build lease: a random token, with a PX expiry
+    P:counters               hash of fleet-wide counters (HINCRBY)
+
+Every key of one blob carries the hash tag ``{<digest>}``, so in a Redis Cluster a blob lives on one slot and
+its chunks are read in one pipelined round trip per node.  Blobs are zstd frames split into chunks of at most
+``chunk_size`` bytes, so a blob may exceed Redis's 512 MiB string limit.  A blob is written chunks first, head
+last, and the head is what makes it exist; a ref is written by callers only after every blob it names.  Every
+read is verified against the digest: a head or chunk that is missing, garbled or does not hash right is a
+miss, counted under ``errors``, and deleted (unless read-only) so the next writer replaces it.
+
+A serving worker opens the cache with ``read_only=1``: it never writes (no counters, no TTL refresh, no
+repair), which also works with a Redis ACL user allowed only read commands, e.g.
+``ACL SETUSER worker on >pw ~precompile:* +@read +@connection``.  A write rejected with NOPERM turns a cache
+read-only the same way, with one warning.
+
+Unreachable or stalled servers raise :class:`CacheUnavailableError` after ``timeout`` seconds, and the cache
+then fails fast for ``down_s`` seconds (a circuit breaker), so a worker whose Redis is gone pays one timeout,
+not one per blob.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import struct
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
+
+import redis
+import redis.exceptions as rex
+import zstandard
+
+from cache_backends.base import COUNTERS, HEX64, MISS, Cache, _Miss, check_name, decompress_frame, digest_bytes
+from cache_backends.options import (
+    parse_bool,
+    parse_level,
+    parse_positive_seconds,
+    parse_prefix,
+    parse_seconds,
+    parse_size,
+)
+from precompile.errors import CacheError, CacheReadOnlyError, CacheUnavailableError, CacheURLError
+
+__all__ = ["RedisCache"]
+
+log = logging.getLogger("precompile.cache")
+
+#: Default largest chunk of a stored blob, bytes (compressed).  Redis strings may hold 512 MiB; small chunks keep
+#: one reply from blocking a server and let a pipelined read stream.
+DEFAULT_CHUNK_BYTES = 4 << 20
+#: Default seconds a build lease lives unless renewed (renewed every third of it while the build runs).
+DEFAULT_LEASE_TTL_S = 30.0
+#: Default socket timeout, seconds: a server that does not answer within it is unavailable.
+DEFAULT_TIMEOUT_S = 5.0
+#: Default seconds the cache fails fast after the server was found unavailable.
+DEFAULT_DOWN_S = 10.0
+#: Bytes of chunk data requested per pipeline round trip (bounds the memory of one reply batch).
+PIPELINE_BYTES = 64 << 20
+_MAGIC = b"PCB1"
+_HEAD_CHUNKED = struct.Struct("<IQ")
+
+#: Compare-and-delete and compare-and-renew of a lease (the Redlock pattern for one instance,
+#: https://redis.io/docs/latest/develop/use/patterns/distributed-locks/).
+_RELEASE_LUA = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end"
+_RENEW_LUA = ("if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) "
+              "else return 0 end")
+
+#: Errors that mean the server cannot be used right now (trip the breaker).
+_DOWN_ERRORS: tuple[type[BaseException], ...] = (rex.ConnectionError, rex.TimeoutError, rex.ClusterDownError,
+                                                  rex.RedisClusterException, OSError)
+if hasattr(rex, "MaxConnectionsError"):
+    _DOWN_ERRORS += (rex.MaxConnectionsError,)
+
+#: Our URL options (removed before the URL goes to redis-py) and their parsers.
+_URL_OPTIONS: dict[str, Callable[[str, str], object]] = {
+    "prefix": parse_prefix,
+    "ttl": parse_positive_seconds,
+    "chunk_size": parse_size,
+    "read_only": parse_bool,
+    "cluster": parse_bool,
+    "lease_ttl": parse_positive_seconds,
+    "wait": parse_seconds,
+    "timeout": parse_positive_seconds,
+    "down_s": parse_seconds,
+    "level": parse_level,
+}
+
+
+class RedisCache(Cache):
+    """Blobs, refs, leases and counters in one Redis database or Redis Cluster.
+
+    Open it with :func:`cache_backends.open_cache` and a URL::
+
+        redis://[user[:password]@]host[:port][/db][?options]     (TLS: rediss://, options ssl_cert_reqs=... pass
+        unix://[user[:password]@]/path/to/redis.sock[?db=N&options]          through to redis-py)
+
+    Options: ``prefix`` (key prefix, default ``precompile``), ``ttl`` (seconds; every key expires unless read,
+    a hit refreshes it; default none), ``chunk_size`` (bytes, ``4MiB`` style accepted; default 4 MiB),
+    ``read_only`` (1/0), ``cluster`` (1: Redis Cluster through ``redis.cluster.RedisCluster``),
+    ``lease_ttl`` (seconds a build lease lives unless renewed; default 30), ``wait`` (seconds a worker waits for
+    another's build before building itself; default 600), ``timeout`` (socket timeout, seconds; default 5),
+    ``down_s`` (seconds to fail fast after the server was unreachable; default 10), ``level`` (zstd level).
+    Other query options (``ssl_ca_certs``, ``health_check_interval``...) go to redis-py's ``from_url``.
+
+    Args:
+        client: a ``redis.Redis`` or ``redis.cluster.RedisCluster`` (bytes replies, ``decode_responses`` off).
+        url: the URL shown in logs and stats (without the password).
+
+    Raises:
+        ValueError: a numeric option is out of range.
+    """
+
+    supports_leases = True
+
+    def __init__(self, client: Any, *, url: str, prefix: str = "precompile", ttl_s: float | None = None,
+                 chunk_bytes: int = DEFAULT_CHUNK_BYTES, read_only: bool = False, level: int = 3,
+                 lease_ttl_s: float = DEFAULT_LEASE_TTL_S, wait_s: float = 600.0, down_s: float = DEFAULT_DOWN_S):
+        if chunk_bytes <= 0:
+            raise ValueError(f"chunk_bytes must be a positive number of bytes, got {chunk_bytes!r}")
+        if ttl_s is not None and ttl_s <= 0:
+            raise ValueError(f"ttl_s must be > 0 seconds or None, got {ttl_s!r}")
+        self.client = client
+        self.url = url
+        self.prefix = prefix
+        self.ttl_s = ttl_s
+        self.chunk_bytes = int(chunk_bytes)
+        self.read_only = bool(read_only)
+        self._configured_read_only = bool(read_only)
+        self.level = int(level)
+        self.lease_ttl_s = float(lease_ttl_s)
+        self.wait_s = float(wait_s)
+        self.down_s = float(down_s)
+        self.cluster = type(client).__name__ == "RedisCluster"
+        self._down_until = 0.0
+        self._down_reason = ""
+        self._pending: Counter[str] = Counter()
+        self._lock = threading.Lock()
+        self._warned: set[str] = set()
+        self._release = client.register_script(_RELEASE_LUA)
+        self._renew = client.register_script(_RENEW_LUA)
+
+    # ------------------------------------------------------------------------------------------------- URLs
+    @classmethod
+    def from_url(cls, url: str) -> RedisCache:
+        """Open a ``redis://``, ``rediss://`` or ``unix://`` URL (see the class docstring for its options).
+
+        Nothing is sent to the server here: an unreachable server shows on first use, as
+        :class:`CacheUnavailableError`.
+
+        Raises:
+            CacheURLError: the scheme is not a Redis one, an option is unknown, repeated or malformed, or
+                ``cluster=1`` is combined with ``unix://`` or a database other than 0.
+        """
+        parts = urlsplit(url.strip())
+        scheme = parts.scheme.lower()
+        if scheme not in ("redis", "rediss", "unix"):
+            raise CacheURLError(f"RedisCache opens redis://, rediss:// and unix:// URLs, got {url!r}")
+        if scheme != "unix" and not parts.hostname:
+            raise CacheURLError(f"Redis URL {url!r} names no host; e.g. 'redis://cache.internal:6379/0'")
+        if scheme == "unix" and not parts.path:
+            raise CacheURLError(f"unix URL {url!r} names no socket path; e.g. 'unix:///run/redis/redis.sock?db=0'")
+        try:
+            query = parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
+        except ValueError as err:
+            raise CacheURLError(f"malformed query in cache URL {_redact(url)!r}: {err}") from err
+        ours: dict[str, object] = {}
+        passthrough: list[tuple[str, str]] = []
+        for name, raw in query:
+            if name in _URL_OPTIONS:
+                if name in ours:
+                    raise CacheURLError(f"option {name!r} given twice in cache URL {_redact(url)!r}")
+                ours[name] = _URL_OPTIONS[name](name, raw)
+            elif name in _redis_url_options() or name.startswith("ssl_") or name == "client_name":
+                passthrough.append((name, raw))
+            else:
+                raise CacheURLError(f"unknown option {name!r} in cache URL {_redact(url)!r}; precompile's: "
+                                    f"{', '.join(_URL_OPTIONS)}; redis-py's: {', '.join(sorted(_redis_url_options()))}"
+                                    ", ssl_*")
+        timeout = float(ours.pop("timeout", DEFAULT_TIMEOUT_S))  # type: ignore[arg-type]
+        redis_url = f"{scheme}://{parts.netloc}{parts.path}" + (f"?{urlencode(passthrough)}" if passthrough else "")
+        kwargs: dict[str, Any] = {"socket_timeout": timeout, "socket_connect_timeout": min(timeout, 2.0)}
+        cluster = bool(ours.pop("cluster", False))
+        try:
+            from redis.backoff import ExponentialBackoff
+            from redis.retry import Retry
+
+            # one quick retry for a reset connection; a dead server must cost one timeout, not several
+            kwargs["retry"] = Retry(ExponentialBackoff(cap=0.2, base=0.02), 1)
+            if cluster:
+                if scheme == "unix":
+                    raise CacheURLError(f"cluster=1 needs a redis:// or rediss:// URL, got {_redact(url)!r}")
+                if parts.path.strip("/") not in ("", "0"):
+                    raise CacheURLError(f"a Redis Cluster has only database 0, got {_redact(url)!r}")
+                from redis.cluster import RedisCluster
+
+                client = RedisCluster.from_url(redis_url, **kwargs)
+            else:
+                client = redis.Redis.from_url(redis_url, **kwargs)
+        except CacheURLError:
+            raise
+        except (ValueError, TypeError) as err:
+            raise CacheURLError(f"invalid Redis URL {_redact(url)!r}: {err}") from err
+        except _DOWN_ERRORS as err:  # the cluster client contacts a node at construction
+            raise CacheUnavailableError(f"Redis cluster at {_redact(url)} cannot be reached: {err}") from err
+        kw = {"prefix": ours.get("prefix", "precompile"), "ttl_s": ours.get("ttl"),
+              "chunk_bytes": ours.get("chunk_size", DEFAULT_CHUNK_BYTES), "read_only": ours.get("read_only", False),
+              "level": ours.get("level", 3), "lease_ttl_s": ours.get("lease_ttl", DEFAULT_LEASE_TTL_S),
+              "wait_s": ours.get("wait", 600.0), "down_s": ours.get("down_s", DEFAULT_DOWN_S)}
+        return cls(client, url=_redact(url), **kw)  # type: ignore[arg-type]
+
+    # ------------------------------------------------------------------------------------------------- keys
+    def _head_key(self, digest: str) -> str:
+        return f"{self.prefix}:blob:{{{digest}}}"
+
+    def _chunk_key(self, digest: str, i: int) -> str:
+        return f"{self.prefix}:blob:{{{digest}}}:{i}"
+
+    def _ref_key(self, key: str) -> str:
+        return f"{self.prefix}:ref:{key}"
+
+    def _lease_key(self, key: str) -> str:
+        return f"{self.prefix}:lease:{key}"
+
+    @property
+    def _counters_key(self) -> str:
+        return f"{self.prefix}:counters"
+
+    # --------------------------------------------------------------------------------------- error handling
+    @contextmanager
+    def _talk(self, what: str, write: bool = False) -> Iterator[None]:
+        """Run Redis commands; map redis-py errors to :class:`CacheError` and trip the breaker when down."""
+        if write and self.read_only:
+            raise CacheReadOnlyError(self._read_only_message(what))
+        now = time.monotonic()
+        if now < self._down_until:
+            raise CacheUnavailableError(f"Redis at {self.url} is unavailable ({self._down_reason}); "
+                                        f"not retrying for {self._down_until - now:.1f} s more")
+        try:
+            yield
+        except CacheError:
+            raise
+        except rex.NoPermissionError as err:
+            if write:
+                self._turn_read_only(str(err))
+                raise CacheReadOnlyError(self._read_only_message(what)) from err
+            raise CacheUnavailableError(f"Redis at {self.url} denied {what}: {err}; give the user +@read "
+                                        f"on keys {self.prefix}:*") from err
+        except rex.AuthenticationError as err:
+            self._trip(f"authentication failed: {err}")
+            raise CacheUnavailableError(f"Redis at {self.url} rejected the credentials while {what}: {err}; check "
+                                        "the user and password in the cache URL") from err
+        except _DOWN_ERRORS as err:
+            self._trip(f"{type(err).__name__}: {err}")
+            raise CacheUnavailableError(f"Redis at {self.url} failed while {what}: {type(err).__name__}: {err}") from err
+        except rex.RedisError as err:  # OOM, READONLY replica, busy script...: this call fails, the server is up
+            raise CacheUnavailableError(f"Redis at {self.url} refused {what}: {type(err).__name__}: {err}") from err
+
+    def _trip(self, reason: str) -> None:
+        if self.down_s > 0:
+            self._down_until = time.monotonic() + self.down_s
+            self._down_reason = reason
+        self._warn_once("down", f"Redis cache {self.url} is unavailable ({reason}); failing fast for "
+                                f"{self.down_s:g} s at a time")
+
+    def _warn_once(self, kind: str, message: str) -> None:
+        first = kind not in self._warned
+        self._warned.add(kind)
+        log.log(logging.WARNING if first else logging.DEBUG, "%s", message)
+
+    def _turn_read_only(self, reason: str) -> None:
+        if not self.read_only:
+            self.read_only = True
+            self._warn_once("read-only", f"Redis cache {self.url} denies writes ({reason}); using it read-only")
+
+    def _read_only_message(self, what: str) -> str:
+        why = "it was opened with read_only=1" if self._configured_read_only else "its user may not write"
+        return f"cannot {what}: Redis cache {self.url} is read-only ({why})"
+
+    # ------------------------------------------------------------------------------------------------ blobs
+    def _decode(self, digest: str, frame: bytes | bytearray) -> bytes | None:
+        try:
+            data = decompress_frame(bytes(frame))
+        except ValueError as err:
+            log.warning("Redis blob %s in %s does not decompress (%s); dropping it", digest[:12], self.url, err)
+            return None
+        if digest_bytes(data) != digest:
+            log.warning("Redis blob %s in %s does not match its digest; dropping it", digest[:12], self.url)
+            return None
+        return data
+
+    def _drop(self, digests: list[str], heads: dict[str, bytes | None]) -> None:
+        """Delete corrupt or partial blobs (head and chunks), best effort; never in read-only mode."""
+        if self.read_only or not digests:
+            return
+        try:
+            with self._talk("dropping a corrupt blob", write=True):
+                pipe = self.client.pipeline(transaction=False)
+                for d in digests:
+                    pipe.delete(self._head_key(d))
+                    count = self._chunk_count(heads.get(d))
+                    for i in range(count or 0):
+                        pipe.delete(self._chunk_key(d, i))
+                pipe.execute()
+        except CacheError as err:
+            log.debug("could not drop corrupt blobs from %s: %s", self.url, err)
+
+    @staticmethod
+    def _chunk_count(head: bytes | None) -> int | None:
+        if head is None or len(head) != len(_MAGIC) + 1 + _HEAD_CHUNKED.size or not head.startswith(_MAGIC + b"C"):
+            return None
+        return _HEAD_CHUNKED.unpack_from(head, len(_MAGIC) + 1)[0]
+
+    def get_blob(self, digest: str) -> bytes | _Miss:
+        """Bytes of blob ``digest`` (verified), or :data:`MISS`.  A corrupt or partial copy is dropped, counted
+        under ``errors`` and reported as :data:`MISS`.
+
+        Raises:
+            ValueError: ``digest`` is not 64 lowercase hex characters.
+            CacheUnavailableError: Redis cannot be reached, timed out or refused the read.
+        """
+        return self.get_blobs([digest])[check_name(digest)]
+
+    def get_blobs(self, digests: list[str]) -> dict[str, bytes | _Miss]:
+        """``{digest: bytes or MISS}``: heads in one pipelined round trip, then chunks in pipelined batches of
+        about :data:`PIPELINE_BYTES`.  With a TTL, every key read is refreshed in the same pipelines.
+        Counts ``bytes_read`` (compressed bytes) and ``errors``.
+
+        Raises:
+            ValueError: a digest is not 64 lowercase hex characters (checked before anything is read).
+            CacheUnavailableError: Redis cannot be reached, timed out or refused the read.
+        """
+        unique = list(dict.fromkeys(check_name(d) for d in digests))
+        out: dict[str, bytes | _Miss] = dict.fromkeys(unique, MISS)
+        if not unique:
+            return out
+        refresh = self.ttl_s is not None and not self.read_only
+        with self._talk(f"reading {len(unique)} blob(s)"):
+            pipe = self.client.pipeline(transaction=False)
+            for d in unique:
+                pipe.get(self._head_key(d))
+                if refresh:
+                    pipe.pexpire(self._head_key(d), int(self.ttl_s * 1000))
+            replies = pipe.execute()
+        heads: dict[str, bytes | None] = dict(zip(unique, replies[:: 2 if refresh else 1]))
+        bad: list[str] = []
+        nread = 0
+        chunked: list[tuple[str, int, int]] = []
+        for d, head in heads.items():
+            if head is None:
+                continue
+            nread += len(head)
+            if head.startswith(_MAGIC + b"Z"):
+                data = self._decode(d, memoryview(head)[len(_MAGIC) + 1:])
+                if data is None:
+                    bad.append(d)
+                else:
+                    out[d] = data
+                continue
+            count = self._chunk_count(head)
+            if count is None:
+                log.warning("Redis blob %s in %s has a garbled head; dropping it", d[:12], self.url)
+                bad.append(d)
+                continue
+            chunked.append((d, count, _HEAD_CHUNKED.unpack_from(head, len(_MAGIC) + 1)[1]))
+        for d, count, total in chunked:
+            frame = self._read_chunks(d, count, total, refresh)
+            if frame is None:
+                bad.append(d)
+                continue
+            nread += len(frame)
+            data = self._decode(d, frame)
+            if data is None:
+                bad.append(d)
+            else:
+                out[d] = data
+        self._drop(bad, heads)
+        self._count(bytes_read=nread, errors=len(bad))
+        return out
+
+    def _read_chunks(self, digest: str, count: int, total: int, refresh: bool) -> bytearray | None:
+        """The zstd frame of a chunked blob, or None if a chunk is missing or the lengths disagree."""
+        frame = bytearray()
+        per_batch = max(1, PIPELINE_BYTES // self.chunk_bytes)
+        for start in range(0, count, per_batch):
+            with self._talk(f"reading blob {digest[:12]}"):
+                pipe = self.client.pipeline(transaction=False)
+                for i in range(start, min(count, start + per_batch)):
+                    pipe.get(self._chunk_key(digest, i))
+                    if refresh:
+                        pipe.pexpire(self._chunk_key(digest, i), int(self.ttl_s * 1000))  # type: ignore[operator]
+                replies = pipe.execute()
+            for chunk in replies[:: 2 if refresh else 1]:
+                if chunk is None:
+                    log.warning("Redis blob %s in %s lacks a chunk (evicted or half written); dropping it",
+                                digest[:12], self.url)
+                    return None
+                frame += chunk
+                if len(frame) > total:
+                    break
+        if len(frame) != total:
+            log.warning("Redis blob %s in %s has %d bytes of chunks, its head says %d; dropping it",
+                        digest[:12], self.url, len(frame), total)
+            return None
+        return frame
+
+    def has_blob(self, digest: str) -> bool:
+        """True if blob ``digest``'s head exists (not verified; one EXISTS).
+
+        Raises:
+            ValueError: ``digest`` is not 64 lowercase hex characters.
+            CacheUnavailableError: Redis cannot be reached.
+        """
+        with self._talk("checking a blob"):
+            return bool(self.client.exists(self._head_key(check_name(digest))))
+
+    def put_blob(self, data: bytes, digest: str | None = None) -> str:
+        """Store ``data`` zstd-compressed (idempotent) and return its digest.
+
+        An existing blob is not rewritten (with a TTL, its expiry is refreshed).  A frame longer than
+        ``chunk_size`` bytes is written as chunks in pipelined batches, then its head, so a reader never sees a
+        head without its chunks (unless the server evicted them: then the read is a miss).  Counts ``puts``
+        and ``bytes_written`` for new blobs.
+
+        Raises:
+            ValueError: ``digest`` is given and does not match ``data``.
+            CacheReadOnlyError: the cache is read-only, or its user may not write.
+            CacheUnavailableError: Redis cannot be reached, timed out, or refused the write (e.g. OOM).
+        """
+        actual = digest_bytes(data)
+        if digest is not None and check_name(digest) != actual:
+            raise ValueError(f"put_blob: digest {digest} given, but the data hashes to {actual}")
+        head_key = self._head_key(actual)
+        with self._talk(f"writing blob {actual[:12]}", write=True):
+            if self.ttl_s is None:
+                exists = self.client.exists(head_key)
+            else:  # refresh an existing blob's TTL; PEXPIRE answers 0 for a missing key
+                exists = self.client.pexpire(head_key, int(self.ttl_s * 1000))
+                if exists:
+                    self._refresh_chunks(actual)
+            if exists:
+                return actual
+            threads = -1 if len(data) > (8 << 20) else 0
+            frame = zstandard.ZstdCompressor(level=self.level, threads=threads).compress(bytes(data))
+            px = int(self.ttl_s * 1000) if self.ttl_s is not None else None
+            if len(frame) <= self.chunk_bytes:
+                self.client.set(head_key, _MAGIC + b"Z" + frame, px=px)
+            else:
+                view = memoryview(frame)
+                count = -(-len(frame) // self.chunk_bytes)
+                per_batch = max(1, PIPELINE_BYTES // self.chunk_bytes)
+                for start in range(0, count, per_batch):
+                    pipe = self.client.pipeline(transaction=False)
+                    for i in range(start, min(count, start + per_batch)):
+                        chunk = view[i * self.chunk_bytes:(i + 1) * self.chunk_bytes]
+                        pipe.set(self._chunk_key(actual, i), bytes(chunk), px=px)
+                    pipe.execute()
+                self.client.set(head_key, _MAGIC + b"C" + _HEAD_CHUNKED.pack(count, len(frame)), px=px)
+        self._count(puts=1, bytes_written=len(frame))
+        return actual
+
+    def _refresh_chunks(self, digest: str) -> None:
+        head = self.client.get(self._head_key(digest))
+        count = self._chunk_count(head)
+        if count:
+            pipe = self.client.pipeline(transaction=False)
+            for i in range(count):
+                pipe.pexpire(self._chunk_key(digest, i), int(self.ttl_s * 1000))  # type: ignore[operator]
+            pipe.execute()
+
+    # ------------------------------------------------------------------------------------------------- refs
+    def get_ref(self, key: str) -> str | _Miss:
+        """The manifest digest stored under artifact key ``key``, or :data:`MISS`.  With a TTL a hit refreshes
+        the ref's expiry.  A value that is not a digest is dropped, counted under ``errors``, and a miss.
+
+        Raises:
+            ValueError: ``key`` is not 64 lowercase hex characters.
+            CacheUnavailableError: Redis cannot be reached.
+        """
+        rkey = self._ref_key(check_name(key, "artifact key"))
+        refresh = self.ttl_s is not None and not self.read_only
+        with self._talk(f"reading ref {key[:12]}"):
+            if refresh:
+                pipe = self.client.pipeline(transaction=False)
+                pipe.get(rkey)
+                pipe.pexpire(rkey, int(self.ttl_s * 1000))  # type: ignore[operator]
+                raw = pipe.execute()[0]
+            else:
+                raw = self.client.get(rkey)
+        if raw is None:
+            return MISS
+        text = raw.decode("ascii", "replace") if isinstance(raw, bytes) else str(raw)
+        if not HEX64.match(text):
+            log.warning("Redis ref %s in %s does not hold a digest; dropping it", key[:12], self.url)
+            self._count(errors=1)
+            if not self.read_only:
+                try:
+                    with self._talk("dropping a garbled ref", write=True):
+                        self.client.delete(rkey)
+                except CacheError:
+                    pass
+            return MISS
+        return text
+
+    def set_ref(self, key: str, digest: str) -> None:
+        """Point ``key`` at ``digest`` (one SET, atomic; with the TTL).
+
+        Raises:
+            ValueError: ``key`` or ``digest`` is not 64 lowercase hex characters.
+            CacheReadOnlyError: the cache is read-only.
+            CacheUnavailableError: Redis cannot be reached.
+        """
+        rkey = self._ref_key(check_name(key, "artifact key"))
+        check_name(digest)
+        with self._talk(f"writing ref {key[:12]}", write=True):
+            px = int(self.ttl_s * 1000) if self.ttl_s is not None else None
+            self.client.set(rkey, digest.encode(), px=px)
+
+    def delete_ref(self, key: str) -> bool:
+        """Remove ``key``; True if it existed.
+
+        Raises:
+            CacheReadOnlyError: the cache is read-only.
+            CacheUnavailableError: Redis cannot be reached.
+        """
+        with self._talk(f"deleting ref {key[:12]}", write=True):
+            return bool(self.client.delete(self._ref_key(check_name(key, "artifact key"))))
+
+    def iter_refs(self) -> Iterator[tuple[str, str]]:
+        """Yield ``(key, digest)`` for every well-formed ref (SCAN on every primary of a cluster).
+
+        Raises:
+            CacheUnavailableError: Redis cannot be reached.
+        """
+        pattern = f"{self.prefix}:ref:*"
+        with self._talk("listing refs"):
+            if self.cluster:
+                names: list[bytes] = []
+                for node in self.client.get_primaries():
+                    names.extend(self.client.get_redis_connection(node).scan_iter(match=pattern, count=1000))
+            else:
+                names = list(self.client.scan_iter(match=pattern, count=1000))
+            keys = [n.decode() if isinstance(n, bytes) else n for n in names]
+            keys = [k for k in keys if HEX64.match(k.rsplit(":", 1)[-1])]
+            pipe = self.client.pipeline(transaction=False)
+            for k in keys:
+                pipe.get(k)
+            values = pipe.execute() if keys else []
+        for k, v in zip(keys, values):
+            text = v.decode("ascii", "replace") if isinstance(v, bytes) else ""
+            if HEX64.match(text):
+                yield k.rsplit(":", 1)[-1], text
+
+    # ----------------------------------------------------------------------------------------------- leases
+    def acquire_lease(self, key: str, ttl_s: float | None = None) -> str | None:
+        """Try to take the build lease of artifact ``key``: ``SET P:lease:<key> <token> NX PX <ttl>``.
+
+        Returns:
+            the lease's random token if taken, None if another holder has it.
+
+        Raises:
+            CacheReadOnlyError: the cache is read-only (a read-only worker never builds for the fleet).
+            CacheUnavailableError: Redis cannot be reached.
+        """
+        token = secrets.token_hex(16)
+        ms = int((ttl_s or self.lease_ttl_s) * 1000)
+        with self._talk(f"taking the build lease of {key[:12]}", write=True):
+            got = self.client.set(self._lease_key(check_name(key, "artifact key")), token.encode(), nx=True, px=ms)
+        return token if got else None
+
+    def renew_lease(self, key: str, token: str, ttl_s: float | None = None) -> bool:
+        """Extend the lease to ``ttl_s`` from now if ``token`` still holds it (compare-and-PEXPIRE in Lua).
+
+        Returns:
+            False if the lease expired or another worker holds it now.
+
+        Raises:
+            CacheUnavailableError: Redis cannot be reached.
+        """
+        ms = int((ttl_s or self.lease_ttl_s) * 1000)
+        with self._talk(f"renewing the build lease of {key[:12]}", write=True):
+            return bool(self._renew(keys=[self._lease_key(key)], args=[token, ms]))
+
+    def release_lease(self, key: str, token: str) -> bool:
+        """Delete the lease if ``token`` still holds it (compare-and-delete in Lua); True if deleted.
+
+        Raises:
+            CacheUnavailableError: Redis cannot be reached.
+        """
+        with self._talk(f"releasing the build lease of {key[:12]}", write=True):
+            return bool(self._release(keys=[self._lease_key(key)], args=[token]))
+
+    def lease_held(self, key: str) -> bool:
+        """True if some worker holds the build lease of ``key`` now (one EXISTS; a read).
+
+        Raises:
+            CacheUnavailableError: Redis cannot be reached.
+        """
+        with self._talk(f"checking the build lease of {key[:12]}"):
+            return bool(self.client.exists(self._lease_key(check_name(key, "artifact key"))))
+
+    # --------------------------------------------------------------------------------------------- counters
+    def _count(self, **counts: int) -> None:
+        if any(counts.values()):
+            self.incr(**counts)
+
+    def incr(self, **counts: int) -> None:
+        """Add to the fleet-wide counters (HINCRBY on ``P:counters``, pipelined).  Never raises: counts that
+        cannot be written (read-only, server down) are kept in this process, shown by :meth:`counters` and
+        retried on the next call."""
+        with self._lock:
+            for name, value in counts.items():
+                try:
+                    if value:
+                        self._pending[str(name)] += int(value)
+                except (TypeError, ValueError):
+                    log.warning("ignored counter %s=%r: not an integer", name, value)
+            if self.read_only or not self._pending or time.monotonic() < self._down_until:
+                return
+            pending = dict(self._pending)
+            try:
+                with self._talk("updating counters", write=True):
+                    pipe = self.client.pipeline(transaction=False)
+                    for name, value in pending.items():
+                        pipe.hincrby(self._counters_key, name, value)
+                    pipe.execute()
+                self._pending.clear()
+            except CacheError as err:
+                log.debug("counters of %s kept in memory: %s", self.url, err)
+
+    def counters(self) -> dict[str, int]:
+        """Fleet-wide counters (HGETALL) plus this process's unsent ones.  Never raises: with the server down,
+        only this process's are shown."""
+        stored: Counter[str] = Counter()
+        try:
+            with self._talk("reading counters"):
+                raw = self.client.hgetall(self._counters_key)
+            for k, v in raw.items():
+                try:
+                    stored[k.decode() if isinstance(k, bytes) else str(k)] += int(v)
+                except ValueError:
+                    continue
+        except CacheError as err:
+            log.debug("counters of %s unreadable: %s", self.url, err)
+        with self._lock:
+            stored.update(self._pending)
+        return {name: stored.get(name, 0) for name in (*COUNTERS, *sorted(set(stored) - set(COUNTERS)))}
+
+    def stats(self) -> dict[str, object]:
+        """Counters, ``hit_rate``, ``url``, ``backend``, ``prefix``, ``ttl_s``, ``chunk_bytes``, ``read_only``
+        and ``cluster``.  JSON-ready; never raises."""
+        out = super().stats()
+        out.update({"prefix": self.prefix, "ttl_s": self.ttl_s, "chunk_bytes": self.chunk_bytes,
+                    "read_only": self.read_only, "cluster": self.cluster})
+        return out
+
+    def ping(self) -> bool:
+        """True if the server answers PING now (no breaker)."""
+        try:
+            return bool(self.client.ping())
+        except (rex.RedisError, *_DOWN_ERRORS):
+            return False
+
+    def close(self) -> None:
+        """Close the connection pool (and a cluster client's node connections)."""
+        try:
+            self.client.close()
+        except (rex.RedisError, *_DOWN_ERRORS):
+            pass
+
+
+def _redis_url_options() -> frozenset[str]:
+    """Query options redis-py's ``from_url`` understands (its own table where it has one)."""
+    try:
+        from redis.connection import URL_QUERY_ARGUMENT_PARSERS
+
+        return frozenset(URL_QUERY_ARGUMENT_PARSERS)
+    except ImportError:  # pragma: no cover - older redis-py
+        return frozenset({"db", "socket_timeout", "socket_connect_timeout", "socket_keepalive", "retry_on_timeout",
+                          "max_connections", "health_check_interval", "ssl_check_hostname", "timeout", "protocol"})
+
+
+def _redact(url: str) -> str:
+    """``url`` with its password replaced by ``***`` (for logs, errors and :attr:`RedisCache.url`)."""
+    parts = urlsplit(url.strip())
+    if parts.password is None:
+        return url.strip()
+    user = quote(parts.username or "", safe="")
+    host = parts.netloc.rsplit("@", 1)[1]
+    return urlunsplit((parts.scheme, f"{user}:***@{host}", parts.path, parts.query, parts.fragment))

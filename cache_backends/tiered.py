@@ -1,0 +1,270 @@
+"""A local cache in front of a remote one (a directory in front of Redis): one cache to the artifact layer.
+
+Opened from a list of URLs, or one string with the URLs separated by ``|`` (first is the near tier)::
+
+    open_cache("file:///var/cache/precompile|redis://cache:6379/0?ttl=604800")
+
+- Reads go to the local tier first; a local miss reads the remote and backfills the local tier.  A ref found
+  only remotely is backfilled with every blob its manifest names, then the local ref is written, so the local
+  tier alone can serve the artifact later (when the remote is down, say).
+- Writes go to both (write-through): local first, then remote.
+- The remote is optional to every call: when it is down, slow, denies access or returns garbage, the call is
+  served by the local tier alone, the failure is logged once (then at debug level) and counted under
+  ``remote_errors``; a remote that holds garbage only ever costs a miss, since every blob is verified.
+- Build leases are the remote's; with the remote down, a build is a plain local build.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+from cache_backends.base import MISS, Cache, _Miss, digest_bytes
+from precompile.errors import CacheError
+
+__all__ = ["TieredCache", "manifest_digests"]
+
+log = logging.getLogger("precompile.cache")
+
+T = TypeVar("T")
+
+
+def manifest_digests(manifest: bytes) -> list[str]:
+    """Every blob digest an artifact's manifest names (see :func:`cache_backends.local.manifest_blob_digests`)."""
+    from cache_backends.local import manifest_blob_digests
+
+    return list(dict.fromkeys(manifest_blob_digests(manifest)))
+
+
+class TieredCache(Cache):
+    """``local`` in front of ``remote``; see the module docstring for the policy.
+
+    Args:
+        local: the near tier (usually a :class:`~cache_backends.local.LocalCache`).  Its errors are raised as
+            usual (the artifact layer turns them into misses).
+        remote: the far tier (usually a :class:`~cache_backends.redis_cache.RedisCache`).  Its errors never
+            leave this class.
+
+    Attributes:
+        remote_errors: remote failures seen by this process (also counted in the local tier's ``remote_errors``).
+    """
+
+    def __init__(self, local: Cache, remote: Cache):
+        self.local = local
+        self.remote = remote
+        self.url = f"{local.url}|{remote.url}"
+        self.read_only = local.read_only and remote.read_only
+        self.remote_errors = 0
+        self._warned: set[str] = set()
+
+    # ------------------------------------------------------------------------------------------- plumbing
+    def _remote(self, what: str, fn: Callable[[], T], default: T) -> T:
+        """``fn()`` against the remote; on any cache error (or a read-only remote on writes) ``default``."""
+        try:
+            return fn()
+        except CacheError as err:
+            self.remote_errors += 1
+            first = type(err).__name__ not in self._warned
+            self._warned.add(type(err).__name__)
+            log.log(logging.WARNING if first else logging.DEBUG,
+                    "remote cache %s failed while %s (%s); serving from the local cache %s", self.remote.url, what,
+                    err, self.local.url)
+            try:
+                self.local.incr(remote_errors=1)
+            except Exception:  # noqa: BLE001 - counting never fails a call
+                pass
+            return default
+
+    def _backfill(self, blobs: dict[str, bytes]) -> None:
+        if self.local.read_only:
+            return
+        for d, data in blobs.items():
+            try:
+                self.local.put_blob(data, d)
+            except CacheError as err:
+                log.debug("backfill of blob %s into %s failed: %s", d[:12], self.local.url, err)
+                return
+
+    # ------------------------------------------------------------------------------------------------ blobs
+    def get_blob(self, digest: str) -> bytes | _Miss:
+        """Local bytes, else the remote's (verified) backfilled locally, else :data:`MISS`.
+
+        Raises:
+            ValueError: ``digest`` is malformed.
+            CacheUnavailableError: the local tier cannot be read.
+        """
+        return self.get_blobs([digest])[digest]
+
+    def get_blobs(self, digests: list[str]) -> dict[str, bytes | _Miss]:
+        """Local first; the local misses in one remote ``get_blobs`` (pipelined for Redis), backfilled.
+
+        Raises:
+            ValueError: a digest is malformed.
+            CacheUnavailableError: the local tier cannot be read.
+        """
+        out = self.local.get_blobs(digests)
+        missing = [d for d, v in out.items() if v is MISS]
+        if missing:
+            got = self._remote(f"reading {len(missing)} blob(s)", lambda: self.remote.get_blobs(missing), {})
+            found = {d: v for d, v in got.items() if v is not MISS}
+            self._backfill(found)  # type: ignore[arg-type]
+            out.update(found)
+        return out
+
+    def has_blob(self, digest: str) -> bool:
+        """True if either tier has the blob."""
+        return self.local.has_blob(digest) or self._remote("checking a blob", lambda: self.remote.has_blob(digest),
+                                                          False)
+
+    def put_blob(self, data: bytes, digest: str | None = None) -> str:
+        """Write to the local tier, then to the remote (a remote failure is logged and counted, not raised).
+
+        Raises:
+            ValueError: ``digest`` does not match ``data``.
+            CacheReadOnlyError: both tiers are read-only.
+            CacheError: the local tier failed and the remote did too.
+        """
+        actual = digest_bytes(data)
+        if digest is not None and digest != actual:
+            raise ValueError(f"put_blob: digest {digest} given, but the data hashes to {actual}")
+        local_err: CacheError | None = None
+        try:
+            self.local.put_blob(data, actual)
+        except CacheError as err:
+            local_err = err
+        remote_ok = not self.remote.read_only and self._remote(
+            f"writing blob {actual[:12]}", lambda: self.remote.put_blob(data, actual), None) is not None
+        if local_err is not None and not remote_ok:
+            raise local_err
+        return actual
+
+    # ------------------------------------------------------------------------------------------------- refs
+    def get_ref(self, key: str) -> str | _Miss:
+        """The local ref, else the remote's; a remote-only ref is backfilled with its manifest's blobs, then the
+        local ref is written.
+
+        Raises:
+            ValueError: ``key`` is malformed.
+            CacheUnavailableError: the local tier cannot be read.
+        """
+        digest = self.local.get_ref(key)
+        if digest is not MISS:
+            return digest
+        digest = self._remote(f"reading ref {key[:12]}", lambda: self.remote.get_ref(key), MISS)
+        if digest is MISS or self.local.read_only:
+            return digest
+        self._backfill_artifact(key, digest)  # type: ignore[arg-type]
+        return digest
+
+    def _backfill_artifact(self, key: str, digest: str) -> None:
+        manifest = self.get_blob(digest)  # backfills the manifest itself
+        if manifest is MISS:
+            return
+        try:
+            names = manifest_digests(manifest)  # type: ignore[arg-type]
+        except ValueError:
+            return
+        try:
+            missing = [d for d in names if not self.local.has_blob(d)]
+            if missing:
+                got = self.get_blobs(missing)
+                if any(v is MISS for v in got.values()):
+                    return  # incomplete remotely: the load that follows finds out and drops the ref
+            self.local.set_ref(key, digest)
+        except CacheError as err:
+            log.debug("backfill of artifact %s into %s failed: %s", key[:12], self.local.url, err)
+
+    def set_ref(self, key: str, digest: str) -> None:
+        """Write the ref locally, then remotely (callers wrote the blobs to both first).
+
+        Raises:
+            CacheError: the local tier failed and so did the remote.
+        """
+        local_err: CacheError | None = None
+        try:
+            self.local.set_ref(key, digest)
+        except CacheError as err:
+            local_err = err
+        ok = not self.remote.read_only and self._remote(
+            f"writing ref {key[:12]}", lambda: (self.remote.set_ref(key, digest), True)[1], False)
+        if local_err is not None and not ok:
+            raise local_err
+
+    def delete_ref(self, key: str) -> bool:
+        """Remove ``key`` from both tiers (a broken artifact is broken everywhere); True if either had it."""
+        gone = False
+        try:
+            gone = self.local.delete_ref(key)
+        except CacheError as err:
+            log.debug("could not delete ref %s from %s: %s", key[:12], self.local.url, err)
+        if not self.remote.read_only:
+            gone = self._remote(f"deleting ref {key[:12]}", lambda: self.remote.delete_ref(key), False) or gone
+        return gone
+
+    def iter_refs(self) -> Iterator[tuple[str, str]]:
+        """Refs of both tiers (local wins where both have a key)."""
+        seen: dict[str, str] = dict(self.local.iter_refs())
+        yield from seen.items()
+        for key, digest in self._remote("listing refs", lambda: list(self.remote.iter_refs()), []):
+            if key not in seen:
+                yield key, digest
+
+    # ----------------------------------------------------------------------------------------------- leases
+    @property
+    def supports_leases(self) -> bool:  # type: ignore[override]
+        return self.remote.supports_leases and not self.remote.read_only
+
+    @property
+    def wait_s(self) -> float:  # type: ignore[override]
+        return self.remote.wait_s
+
+    @property
+    def lease_ttl_s(self) -> float:  # type: ignore[override]
+        return self.remote.lease_ttl_s
+
+    def acquire_lease(self, key: str, ttl_s: float | None = None) -> str | None:
+        """The remote's lease (see :meth:`Cache.acquire_lease`).
+
+        Raises:
+            CacheError: the remote failed (the caller then builds without a lease).
+        """
+        return self.remote.acquire_lease(key, ttl_s)
+
+    def renew_lease(self, key: str, token: str, ttl_s: float | None = None) -> bool:
+        """The remote's renewal; raises the remote's :class:`CacheError`."""
+        return self.remote.renew_lease(key, token, ttl_s)
+
+    def release_lease(self, key: str, token: str) -> bool:
+        """The remote's release; raises the remote's :class:`CacheError`."""
+        return self.remote.release_lease(key, token)
+
+    def lease_held(self, key: str) -> bool:
+        """The remote's lease state; raises the remote's :class:`CacheError`."""
+        return self.remote.lease_held(key)
+
+    # --------------------------------------------------------------------------------------------- counters
+    def incr(self, **counts: int) -> None:
+        """Count in both tiers (the remote's are fleet-wide).  Never raises."""
+        self.local.incr(**counts)
+        self.remote.incr(**counts)
+
+    def counters(self) -> dict[str, int]:
+        """The local tier's counters (this machine), plus ``remote_errors``; the fleet's are in :meth:`stats`."""
+        return self.local.counters()
+
+    def stats(self) -> dict[str, Any]:
+        """This machine's counters and ``hit_rate``, plus ``tiers``: each tier's own :meth:`Cache.stats`."""
+        out: dict[str, Any] = super().stats()
+        remote: dict[str, Any]
+        try:
+            remote = self.remote.stats()
+        except Exception as err:  # noqa: BLE001 - stats never fail
+            remote = {"url": self.remote.url, "error": str(err)}
+        out["tiers"] = [self.local.stats(), remote]
+        return out
+
+    def close(self) -> None:
+        """Close both tiers."""
+        self.local.close()
+        self.remote.close()

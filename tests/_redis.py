@@ -1,0 +1,136 @@
+"""Real ``redis-server`` processes for the tests: a standalone server on a free loopback port (and a unix
+socket), and a 3-master Redis Cluster.  No fakes: the tests talk to Debian's redis-server (``.ci/run`` installs
+it).  Each server lives in a temporary directory and is stopped (SIGKILL if need be) by its fixture."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+REDIS_SERVER = shutil.which("redis-server")
+REDIS_CLI = shutil.which("redis-cli")
+
+
+def require_redis() -> str:
+    """The redis-server path; fails (not skips) the test when it is missing, so CI cannot pass without it."""
+    if REDIS_SERVER is None or REDIS_CLI is None:
+        pytest.fail("redis-server/redis-cli not found: install Debian's redis-server (apt-get install redis-server); "
+                    ".ci/run does")
+    return REDIS_SERVER
+
+
+def free_port(below: int = 55000) -> int:
+    """A TCP port free on 127.0.0.1 now (and, below 55000, with port+10000 free for a cluster bus)."""
+    for _ in range(200):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port >= below:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no free port pair found")
+
+
+class RedisServer:
+    """One redis-server process: TCP on 127.0.0.1:``port`` and a unix socket ``sock``; no persistence."""
+
+    def __init__(self, workdir: Path, *extra: str, port: int | None = None):
+        require_redis()
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.port = port or free_port()
+        self.sock = self.workdir / "redis.sock"
+        self.extra = list(extra)
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> RedisServer:
+        cmd = [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+               "--dir", str(self.workdir), "--unixsocket", str(self.sock), "--unixsocketperm", "700",
+               "--protected-mode", "no", "--loglevel", "warning", "--logfile", str(self.workdir / "redis.log"),
+               *self.extra]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 15
+        while True:
+            if self.proc.poll() is not None:
+                log = (self.workdir / "redis.log").read_text() if (self.workdir / "redis.log").exists() else ""
+                raise RuntimeError(f"redis-server exited with {self.proc.returncode}: {log[-2000:]}")
+            try:
+                if self.client().ping():
+                    return self
+            except Exception:  # noqa: BLE001 - not up yet
+                if time.monotonic() > deadline:
+                    raise
+            time.sleep(0.02)
+
+    def url(self, path: str = "/0", **options: object) -> str:
+        """``redis://127.0.0.1:port/db?options``."""
+        query = "&".join(f"{k}={v}" for k, v in options.items())
+        return f"redis://127.0.0.1:{self.port}{path}" + (f"?{query}" if query else "")
+
+    def client(self, **kwargs):
+        import redis
+
+        return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=5, **kwargs)
+
+    def pause(self) -> None:
+        """SIGSTOP: the server holds its connections but answers nothing (a stalled Redis)."""
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGCONT)
+
+    def stop(self) -> None:
+        """SIGKILL (after SIGCONT in case it was paused) and reap."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGCONT)
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+
+class RedisCluster:
+    """Three redis-server masters (no replicas) joined by ``redis-cli --cluster create``."""
+
+    def __init__(self, workdir: Path, masters: int = 3):
+        self.nodes = []
+        for i in range(masters):
+            d = Path(workdir) / f"node{i}"
+            self.nodes.append(RedisServer(d, "--cluster-enabled", "yes", "--cluster-config-file",
+                                          str(d / "nodes.conf"), "--cluster-node-timeout", "2000"))
+
+    def start(self) -> RedisCluster:
+        for n in self.nodes:
+            n.start()
+        addrs = [f"127.0.0.1:{n.port}" for n in self.nodes]
+        subprocess.run([REDIS_CLI, "--cluster", "create", *addrs, "--cluster-replicas", "0", "--cluster-yes"],
+                       check=True, capture_output=True, timeout=60)
+        deadline = time.monotonic() + 30
+        while True:
+            infos = [n.client().execute_command("CLUSTER INFO") for n in self.nodes]
+            text = [str(i.get("cluster_state")) if isinstance(i, dict) else str(i) for i in infos]
+            if all(t == "ok" or "cluster_state:ok" in t for t in text):
+                return self
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"cluster did not become ok: {text}")
+            time.sleep(0.1)
+
+    def url(self, **options: object) -> str:
+        query = "&".join(f"{k}={v}" for k, v in {"cluster": 1, **options}.items())
+        return f"redis://127.0.0.1:{self.nodes[0].port}/?{query}"
+
+    def stop(self) -> None:
+        for n in self.nodes:
+            n.stop()
