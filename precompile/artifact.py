@@ -59,6 +59,8 @@ class Artifact:
         manifest: the parsed :class:`~precompile.manifest.Manifest`.
         source: where it came from: ``"compiled"``, ``"cache"``, or the path it was loaded from.
         load_seconds: seconds the load took (0.0 for a fresh compile).
+        outcome: how ``standalone_compile`` got it: ``"hit"``, ``"built"``, ``"waited"`` or ``"takeover"``
+            (see :func:`precompile.coordination.get_or_build`).
         engine_kind: how the callable was made: ``"compiled"`` (fresh), ``"fast"`` (carried binaries, nothing
             compiled), ``"portable"`` (Inductor's cache entries), or None before the first use.
     """
@@ -70,6 +72,7 @@ class Artifact:
         self.key = manifest.key
         self.source = source
         self.load_seconds = 0.0
+        self.outcome = "hit" if source == "cache" else "built"
         self._blobs = dict(blobs)
         self._blob_reader = blob_reader
         self._engine = engine

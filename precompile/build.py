@@ -13,6 +13,7 @@ import torch
 from cache_backends.base import Cache, digest_bytes
 from precompile import __version__, config, fingerprint
 from precompile.artifact import Artifact, _safe_incr, load_from_cache, store, warn_once
+from precompile.coordination import get_or_build
 from precompile.errors import BuildError, CacheError, InputMismatchError, OptionsError, PrecompileError
 from precompile.graph import NormalizedGraph, canonical_graph, canonical_json, graph_to_json, normalize_graph, readable_code
 from precompile.manifest import Manifest
@@ -151,29 +152,37 @@ def standalone_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], 
             c = open_cache(cache)
         except CacheError as err:
             log.warning("cache %s cannot be opened (%s); compiling without it", cache, err)
-    if c is not None:
+    if c is None:
+        return build(norm, flat, plan, dynamic_shapes=dynamic_shapes)
+
+    def load_stored() -> Artifact | None:
         start = time.perf_counter()
         # the key was computed here, from this environment: no need to compare fingerprints again
         art = load_from_cache(key, c, bound=norm.bound, check_env=False)
-        if art is not None:
-            try:
-                art.engine  # build the callable now, so the load time is honest and failures are a miss
-            except Exception as err:  # noqa: BLE001 - a stored artifact that does not load is rebuilt
-                warn_once(c, f"artifact {key[:12]} from {c.url} failed to load ({type(err).__name__}: {err}); "
-                             "rebuilding it", kind="engine load")
-                _safe_incr(c, errors=1)
-                art = None
-        if art is not None:
-            art.load_seconds = time.perf_counter() - start
-            _safe_incr(c, hits=1)
-            log.info("cache hit %s (%s) in %.3f s", key[:12], c.url, art.load_seconds)
-            return art
-        _safe_incr(c, misses=1)
-    art = build(norm, flat, plan, dynamic_shapes=dynamic_shapes)
-    if c is not None:
+        if art is None:
+            return None
+        try:
+            art.engine  # build the callable now, so the load time is honest and failures are a miss
+        except Exception as err:  # noqa: BLE001 - a stored artifact that does not load is rebuilt
+            warn_once(c, f"artifact {key[:12]} from {c.url} failed to load ({type(err).__name__}: {err}); "
+                         "rebuilding it", kind="engine load")
+            _safe_incr(c, errors=1)
+            return None
+        art.load_seconds = time.perf_counter() - start
+        log.info("cache hit %s (%s) in %.3f s", key[:12], c.url, art.load_seconds)
+        return art
+
+    def build_and_store() -> Artifact:
+        art = build(norm, flat, plan, dynamic_shapes=dynamic_shapes)
         _safe_incr(c, builds=1)
         if store(c, art):
             log.info("stored %s in %s (%d bytes)", key[:12], c.url, art.manifest.total_bytes())
+        return art
+
+    art, outcome = get_or_build(c, key, load_stored, build_and_store)
+    if outcome == "hit":
+        _safe_incr(c, hits=1)
+    art.outcome = outcome
     return art
 
 

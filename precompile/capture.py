@@ -29,7 +29,9 @@ class GraphRecord:
     Attributes:
         index: order in which Dynamo produced the graph (0-based) within this backend.
         key: artifact key.
-        outcome: ``"hit"`` (loaded from the cache) or ``"built"`` (compiled with Inductor).
+        outcome: ``"hit"`` (loaded from the cache), ``"built"`` (compiled with Inductor), ``"waited"`` (loaded
+            after waiting for another worker's build) or ``"takeover"`` (built after another worker's build
+            lease expired unfinished); see :func:`precompile.coordination.get_or_build`.
         seconds: wall seconds of the load (hit) or of the compile and store (built).
         compile_seconds: Inductor compile seconds recorded in the artifact at build time.
         bytes: total size of the artifact's parts, bytes.
@@ -91,7 +93,7 @@ class Backend:
             return compile_fx(gm, example_inputs, config_patches=self.options or None)
         seconds = time.perf_counter() - start
         self.records.append(GraphRecord(
-            index=len(self.records), key=art.key, outcome="hit" if art.source == "cache" else "built",
+            index=len(self.records), key=art.key, outcome=art.outcome,
             seconds=seconds, compile_seconds=float(art.manifest.build.get("seconds", 0.0)),
             bytes=art.manifest.total_bytes(), kernels=len(art.manifest.kernels)))
         return art
