@@ -16,11 +16,12 @@ Opened from a list of URLs, or one string with the URLs separated by ``|`` (firs
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-from cache_backends.base import MISS, Cache, _Miss, digest_bytes
+from cache_backends.base import HEX64, MISS, Cache, _Miss, digest_bytes
 from precompile.errors import CacheError
 
 __all__ = ["TieredCache", "manifest_digests"]
@@ -31,10 +32,16 @@ T = TypeVar("T")
 
 
 def manifest_digests(manifest: bytes) -> list[str]:
-    """Every blob digest an artifact's manifest names (see :func:`cache_backends.local.manifest_blob_digests`)."""
-    from cache_backends.local import manifest_blob_digests
+    """The blobs an artifact's manifest names: the keys of its top-level ``"blobs"`` object (docs/format.md).
 
-    return list(dict.fromkeys(manifest_blob_digests(manifest)))
+    Raises:
+        ValueError: ``manifest`` is not JSON with a ``"blobs"`` object of 64-hex names.
+    """
+    doc = json.loads(manifest)
+    blobs = doc.get("blobs") if isinstance(doc, dict) else None
+    if not isinstance(blobs, dict) or not all(isinstance(d, str) and HEX64.match(d) for d in blobs):
+        raise ValueError("not an artifact manifest: no 'blobs' object of digests")
+    return list(blobs)
 
 
 class TieredCache(Cache):
