@@ -10,6 +10,7 @@ import json
 import logging
 import sys
 import time
+from collections import Counter
 from typing import Any
 
 import click
@@ -67,23 +68,47 @@ _cache_option = click.option("--cache", "cache_url", default=None, metavar="URL"
 @click.option("--device", default="cpu", show_default=True)
 @click.option("--dtype", default=None, help="float32 (default), bfloat16 or float16.")
 @click.option("--options", "options_json", default=None, help='Inductor options as JSON, e.g. \'{"max_autotune": true}\'.')
+@click.option("--shard", default=None, metavar="I/N",
+              help="Run shard I of N of the job list (default: $JOB_COMPLETION_INDEX/$JOB_COMPLETIONS if set).")
+@click.option("--dry-run", is_flag=True, help="Print this shard's jobs and exit; nothing is compiled.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result rows as JSON instead of a table.")
 def warmup(recipes: tuple[str, ...], shapes: str, config_text: str | None, cache_url: str | None, jobs: int,
-           device: str, dtype: str | None, options_json: str | None, as_json: bool) -> None:
-    """Compile RECIPES (minilm, llama, qwen2, gpt2, bert, or module:function) for every shape into a cache."""
+           device: str, dtype: str | None, options_json: str | None, shard: str | None, dry_run: bool,
+           as_json: bool) -> None:
+    """Compile RECIPES (minilm, llama, qwen2, gpt2, bert, or module:function) for every shape into a cache.
+
+    Across machines, give each one a shard (--shard I/N, or a Kubernetes Indexed Job's index): the job list
+    (recipes x shapes) is split the same way on every machine, and shards that share a Redis build each
+    graph once."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from cache_backends.registry import open_cache
     from precompile.errors import PrecompileError
-    from precompile.warmup import make_jobs, run_jobs
+    from precompile.warmup import make_jobs, parse_shard, run_jobs, select_shard, shard_from_env
 
     try:
         if options_json:
             json.loads(options_json)
         cache = open_cache(cache_url)
-        job_list = make_jobs(recipes, shapes, config_text, cache.url, device, dtype, options_json)
+        # workers get the URL as given (cache.url hides a Redis password)
+        job_list = make_jobs(recipes, shapes, config_text, cache_url or config.default_cache_url(), device, dtype,
+                             options_json)
+        part = parse_shard(shard) if shard is not None else shard_from_env()
     except (PrecompileError, ValueError) as err:
         raise click.UsageError(str(err)) from err
+    total_jobs = len(job_list)
+    if part is not None:
+        job_list = select_shard(job_list, *part)
+        logging.getLogger("precompile").info("shard %d/%d: %d of %d jobs", part[0], part[1], len(job_list),
+                                             total_jobs)
+    if dry_run:
+        listing = [{"recipe": j.recipe, "shape": j.shape} for j in job_list]
+        if as_json:
+            click.echo(json.dumps({"shard": list(part) if part else None, "jobs": listing, "total_jobs": total_jobs}))
+        else:
+            for j in listing:
+                click.echo(f"{j['recipe']} {j['shape']}")
+        return
     rows: list[dict[str, Any]] = []
     failures: list[str] = []
     start = time.perf_counter()
@@ -103,11 +128,13 @@ def warmup(recipes: tuple[str, ...], shapes: str, config_text: str | None, cache
     wall = time.perf_counter() - start
     rows.sort(key=lambda r: (r["recipe"], r["shape"], r["graph"]))
     if as_json:
-        click.echo(json.dumps({"rows": rows, "failures": failures, "wall_seconds": wall, "cache": cache.url}))
+        click.echo(json.dumps({"rows": rows, "failures": failures, "wall_seconds": wall, "cache": cache.url,
+                               "shard": list(part) if part else None}))
     else:
         from rich.table import Table
 
-        table = Table(title=f"warmup into {cache.url}")
+        title = f"warmup into {cache.url}" + (f", shard {part[0]}/{part[1]}" if part else "")
+        table = Table(title=title)
         for col in ("recipe", "graph", "shape", "key", "hit/built", "seconds", "bytes", "kernels"):
             table.add_column(col, justify="right" if col in ("seconds", "bytes", "kernels", "graph") else "left")
         for r in rows:
@@ -115,8 +142,9 @@ def warmup(recipes: tuple[str, ...], shapes: str, config_text: str | None, cache
                           human_bytes(r["bytes"]), str(r["kernels"]))
         con = _console()
         con.print(table)
-        built = sum(r["outcome"] == "built" for r in rows)
-        con.print(f"{len(rows)} graphs: {built} built, {len(rows) - built} hits, {len(failures)} failed jobs, "
+        outcomes = Counter(r["outcome"] for r in rows)
+        con.print(f"{len(rows)} graphs: {outcomes['built'] + outcomes['takeover']} built, {outcomes['hit']} hits, "
+                  f"{outcomes['waited']} waited for another worker's build, {len(failures)} failed jobs, "
                   f"{wall:.1f} s wall")
     if failures:
         for f in failures:
@@ -302,14 +330,21 @@ def stats(cache_url: str | None, as_json: bool) -> None:
     table = Table(title=f"stats of {cache.url}")
     table.add_column("counter")
     table.add_column("value", justify="right")
-    for k, v in s.items():
-        if k in ("url",):
-            continue
-        if k == "hit_rate":
-            v = f"{100 * v:.1f}%"
-        elif k.startswith("bytes") or k == "max_bytes":
-            v = f"{human_bytes(v)} ({v})"
-        table.add_row(k, str(v))
+    tiers = s.pop("tiers", [])
+    if tiers:
+        table.title = f"stats of {cache.url} (this machine's counters; each tier's below)"
+    for tier in [s, *tiers]:
+        if tier is not s:
+            table.add_section()
+            table.add_row(f"[bold]{tier.get('backend', 'tier')}", str(tier.get("url", "")))
+        for k, v in tier.items():
+            if k in ("url",) or (tier is not s and k == "backend"):
+                continue
+            if k == "hit_rate" and isinstance(v, float):
+                v = f"{100 * v:.1f}%"
+            elif (k.startswith("bytes") or k == "max_bytes") and isinstance(v, int):
+                v = f"{human_bytes(v)} ({v})"
+            table.add_row(k, str(v))
     _console().print(table)
 
 

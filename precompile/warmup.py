@@ -1,6 +1,9 @@
 """``precompile warmup``: compile a model's graphs for a list of shapes into a cache, in parallel processes.
 
-Each job is one (recipe, shape) pair.  A job builds the model, captures its graphs with Dynamo through
+Each job is one (recipe, shape) pair.  Across machines the job list is split into shards (:func:`select_shard`):
+``--shard I/N``, or a Kubernetes Indexed Job's ``JOB_COMPLETION_INDEX`` with the completion count in
+``JOB_COMPLETIONS`` (:func:`shard_from_env`).  Shards that run at once into one Redis build each key once: a
+graph two shards share is built under one lease (:mod:`precompile.coordination`).  A job builds the model, captures its graphs with Dynamo through
 :class:`precompile.capture.Backend` (the way vLLM does) and so loads or builds each graph's artifact.  Jobs
 run in ``jobs`` spawned processes; results come back as plain dicts for the summary table.
 """
@@ -101,6 +104,48 @@ def run_jobs(jobs: list[Job], n_procs: int, on_done: Callable[[Job, list[dict[st
                 on_done(job, None, err)
             else:
                 on_done(job, rows, None)
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """``"I/N"`` -> ``(I, N)`` with ``0 <= I < N``.
+
+    Raises:
+        ValueError: not two integers ``I/N`` with ``N >= 1`` and ``0 <= I < N``.
+    """
+    try:
+        i_text, n_text = text.strip().split("/")
+        index, count = int(i_text), int(n_text)
+    except ValueError:
+        raise ValueError(f"a shard is INDEX/COUNT with 0 <= INDEX < COUNT, e.g. 0/4; got {text!r}") from None
+    if count < 1 or not 0 <= index < count:
+        raise ValueError(f"a shard is INDEX/COUNT with 0 <= INDEX < COUNT, e.g. 0/4; got {text!r}")
+    return index, count
+
+
+def shard_from_env(environ: dict[str, str] | None = None) -> tuple[int, int] | None:
+    """The shard of a Kubernetes Indexed Job: ``JOB_COMPLETION_INDEX`` (set by Kubernetes) and ``JOB_COMPLETIONS``
+    (set it in the pod template to ``spec.completions``; see deploy/).  None when ``JOB_COMPLETION_INDEX`` is unset.
+
+    Raises:
+        ValueError: ``JOB_COMPLETION_INDEX`` is set but ``JOB_COMPLETIONS`` is not, or they do not form a shard.
+    """
+    env = os.environ if environ is None else environ
+    index = env.get("JOB_COMPLETION_INDEX", "").strip()
+    if not index:
+        return None
+    count = env.get("JOB_COMPLETIONS", "").strip()
+    if not count:
+        raise ValueError("JOB_COMPLETION_INDEX is set but JOB_COMPLETIONS is not: set JOB_COMPLETIONS to the Job's "
+                         "spec.completions in the pod template, or pass --shard INDEX/COUNT")
+    return parse_shard(f"{index}/{count}")
+
+
+def select_shard(jobs: list[Job], index: int, count: int) -> list[Job]:
+    """The jobs of shard ``index`` of ``count``: jobs sorted by their fields, then every ``count``-th from
+    ``index``.  Deterministic and independent of the order recipes and shapes were given in, so every machine
+    computes the same split; the shards are disjoint and together hold every job once."""
+    ordered = sorted(jobs, key=lambda j: tuple("" if v is None else str(v) for v in asdict(j).values()))
+    return ordered[index::count]
 
 
 def make_jobs(recipes: Iterable[str], shapes: str, config: str | None, cache: str, device: str,
