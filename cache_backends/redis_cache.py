@@ -17,8 +17,8 @@ last, and the head is what makes it exist; a ref is written by callers only afte
 read is verified against the digest: a head or chunk that is missing, garbled or does not hash right is a
 miss, counted under ``errors``, and deleted (unless read-only) so the next writer replaces it.
 
-A serving worker opens the cache with ``read_only=1``: it never writes (no counters, no TTL refresh, no
-repair), which also works with a Redis ACL user allowed only read commands, e.g.
+A serving worker opens the cache with ``read_only=1``: it never writes (no TTL refresh, no repair, no counters
+unless ``counters=1``), which also works with a Redis ACL user allowed only read commands, e.g.
 ``ACL SETUSER worker on >pw ~precompile:* +@read +@connection``.  A write rejected with NOPERM turns a cache
 read-only the same way, with one warning.
 
@@ -97,6 +97,7 @@ _URL_OPTIONS: dict[str, Callable[[str, str], object]] = {
     "timeout": parse_positive_seconds,
     "down_s": parse_seconds,
     "level": parse_level,
+    "counters": parse_bool,
 }
 
 
@@ -113,7 +114,10 @@ class RedisCache(Cache):
     ``read_only`` (1/0), ``cluster`` (1: Redis Cluster through ``redis.cluster.RedisCluster``),
     ``lease_ttl`` (seconds a build lease lives unless renewed; default 30), ``wait`` (seconds a worker waits for
     another's build before building itself; default 600), ``timeout`` (socket timeout, seconds; default 5),
-    ``down_s`` (seconds to fail fast after the server was unreachable; default 10), ``level`` (zstd level).
+    ``down_s`` (seconds to fail fast after the server was unreachable; default 10), ``level`` (zstd level),
+    ``counters`` (1/0: send counter increments; default 1, and 0 with ``read_only=1``: a read-only serving worker
+    that should count its hits in the fleet's hit rate sets ``read_only=1&counters=1``, with an ACL selector that
+    allows only ``HINCRBY`` on the counters key, e.g. ``(~precompile:counters +hincrby)``).
     Other query options (``ssl_ca_certs``, ``health_check_interval``...) go to redis-py's ``from_url``.
 
     Args:
@@ -128,7 +132,8 @@ class RedisCache(Cache):
 
     def __init__(self, client: Any, *, url: str, prefix: str = "precompile", ttl_s: float | None = None,
                  chunk_bytes: int = DEFAULT_CHUNK_BYTES, read_only: bool = False, level: int = 3,
-                 lease_ttl_s: float = DEFAULT_LEASE_TTL_S, wait_s: float = 600.0, down_s: float = DEFAULT_DOWN_S):
+                 lease_ttl_s: float = DEFAULT_LEASE_TTL_S, wait_s: float = 600.0, down_s: float = DEFAULT_DOWN_S,
+                 counters: bool | None = None):
         if chunk_bytes <= 0:
             raise ValueError(f"chunk_bytes must be a positive number of bytes, got {chunk_bytes!r}")
         if ttl_s is not None and ttl_s <= 0:
@@ -145,6 +150,8 @@ class RedisCache(Cache):
         self.wait_s = float(wait_s)
         self.down_s = float(down_s)
         self.cluster = type(client).__name__ == "RedisCluster"
+        #: whether counter increments are sent (the one write a read-only cache may be allowed)
+        self.write_counters = (not read_only) if counters is None else bool(counters)
         self._down_until = 0.0
         self._down_reason = ""
         self._pending: Counter[str] = Counter()
@@ -219,7 +226,8 @@ class RedisCache(Cache):
         kw = {"prefix": ours.get("prefix", "precompile"), "ttl_s": ours.get("ttl"),
               "chunk_bytes": ours.get("chunk_size", DEFAULT_CHUNK_BYTES), "read_only": ours.get("read_only", False),
               "level": ours.get("level", 3), "lease_ttl_s": ours.get("lease_ttl", DEFAULT_LEASE_TTL_S),
-              "wait_s": ours.get("wait", 600.0), "down_s": ours.get("down_s", DEFAULT_DOWN_S)}
+              "wait_s": ours.get("wait", 600.0), "down_s": ours.get("down_s", DEFAULT_DOWN_S),
+              "counters": ours.get("counters")}
         return cls(client, url=_redact(url), **kw)  # type: ignore[arg-type]
 
     # ------------------------------------------------------------------------------------------------- keys
@@ -628,17 +636,20 @@ class RedisCache(Cache):
                         self._pending[str(name)] += int(value)
                 except (TypeError, ValueError):
                     log.warning("ignored counter %s=%r: not an integer", name, value)
-            if self.read_only or not self._pending or time.monotonic() < self._down_until:
+            if not self.write_counters or not self._pending or time.monotonic() < self._down_until:
                 return
             pending = dict(self._pending)
             try:
-                with self._talk("updating counters", write=True):
+                with self._talk("updating counters"):
                     pipe = self.client.pipeline(transaction=False)
                     for name, value in pending.items():
                         pipe.hincrby(self._counters_key, name, value)
                     pipe.execute()
                 self._pending.clear()
             except CacheError as err:
+                if isinstance(err.__cause__, rex.NoPermissionError):
+                    self.write_counters = False
+                    self._turn_read_only(str(err.__cause__))
                 log.debug("counters of %s kept in memory: %s", self.url, err)
 
     def counters(self) -> dict[str, int]:

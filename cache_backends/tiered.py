@@ -11,7 +11,8 @@ Opened from a list of URLs, or one string with the URLs separated by ``|`` (firs
 - The remote is optional to every call: when it is down, slow, denies access or returns garbage, the call is
   served by the local tier alone, the failure is logged once (then at debug level) and counted under
   ``remote_errors``; a remote that holds garbage only ever costs a miss, since every blob is verified.
-- Build leases are the remote's; with the remote down, a build is a plain local build.
+- Build leases are the remote's; with the remote down, a build is a plain local build.  With a read-only remote
+  (serving workers) a miss waits while another worker holds the lease, and builds locally otherwise.
 """
 
 from __future__ import annotations
@@ -220,7 +221,7 @@ class TieredCache(Cache):
     # ----------------------------------------------------------------------------------------------- leases
     @property
     def supports_leases(self) -> bool:  # type: ignore[override]
-        return self.remote.supports_leases and not self.remote.read_only
+        return self.remote.supports_leases  # a read-only remote still shows whose build to wait for
 
     @property
     def wait_s(self) -> float:  # type: ignore[override]

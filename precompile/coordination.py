@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from cache_backends.base import Cache
-from precompile.errors import CacheError
+from precompile.errors import CacheError, CacheReadOnlyError
 
 log = logging.getLogger("precompile")
 
@@ -94,16 +94,19 @@ def get_or_build(cache: Cache, key: str, load: Callable[[], T | None], build: Ca
     deadline = time.monotonic() + (cache.wait_s if wait_s is None else wait_s)
     pause = POLL_FIRST_S
     saw_holder = False  # another worker's lease was seen (we waited, or it vanished between two looks)
+    may_lease = not cache.read_only  # a read-only cache (or remote tier) only watches others' leases
     while True:
         token = None
-        if not cache.read_only:
+        if may_lease:
             try:
                 token = cache.acquire_lease(key)
+            except CacheReadOnlyError:
+                may_lease = False
             except CacheError as err:
                 log.info("no build lease for %s (%s); building here", key[:12], err)
                 return build(), "built"
-        if token is None and not cache.read_only:
-            saw_holder = True
+            else:
+                saw_holder = saw_holder or token is None
         if token is not None:
             with _Renewer(cache, key, token, cache.lease_ttl_s):
                 if saw_holder:  # the holder may have finished between our last look and taking the lease
@@ -122,7 +125,7 @@ def get_or_build(cache: Cache, key: str, load: Callable[[], T | None], build: Ca
             log.info("cannot see the build lease of %s (%s); building here", key[:12], err)
             return build(), "built"
         if not held:
-            if cache.read_only:  # nobody is building it and we may not take the lease: build for ourselves
+            if not may_lease:  # nobody is building it and we may not take the lease: build for ourselves
                 return build(), "built"
             continue  # released or expired just now: look again at the ref (under the lease) and take over
         if pause == POLL_FIRST_S:

@@ -23,3 +23,13 @@ def test_readme_python_example_runs(tmp_path):
     out = run_python(code, timeout=600)
     assert out.strip().splitlines()[-1] == "ok fast"
     assert any(Path(cache, "ref").iterdir())
+
+
+def test_ci_runs_the_readme_test_command():
+    text = (REPO / "README.md").read_text()
+    commands = re.findall(r"```bash\n(.*?)\n```", text, re.S)
+    assert len(commands) == 2, "the README has exactly two set-up commands"
+    test_command = commands[1]
+    assert "pytest" in test_command
+    ci = (REPO / ".ci" / "run").read_text()
+    assert test_command in ci.splitlines(), ".ci/run does not run the README's test command verbatim"

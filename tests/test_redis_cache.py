@@ -127,6 +127,15 @@ def test_acl_user_with_read_commands_only(redis_server):
     with pytest.raises(CacheReadOnlyError):
         cache.set_ref(KEY, digest)
     assert cache.lease_held(KEY) is False  # EXISTS is a read: a read-only worker can still see builds
+    # a serving worker that counts its hits in the fleet's hit rate: read-only, plus HINCRBY on the counters key only
+    admin.execute_command("ACL", "SETUSER", "counted", "on", ">pw2", "~precompile:*", "+@read", "+@connection",
+                          "(~precompile:counters +hincrby)")
+    counted = open_cache(f"redis://counted:pw2@127.0.0.1:{redis_server.port}/0?read_only=1&counters=1")
+    assert counted.get_ref(KEY) == digest
+    counted.incr(hits=1)
+    assert int(admin.hget("precompile:counters", "hits")) == 1
+    with pytest.raises(CacheReadOnlyError):
+        counted.put_blob(b"new")
     with pytest.raises(CacheUnavailableError, match="credentials"):
         open_cache(f"redis://worker:wrong@127.0.0.1:{redis_server.port}/0").get_ref(KEY)
 

@@ -112,3 +112,28 @@ def test_remote_garbage_is_a_miss_and_never_reaches_the_near_tier(artifacts, tmp
     assert near.get_ref(c.art.key) is MISS and near.verify()["ok"]
     assert not any(near.has_blob(d) for d in c.art.manifest.blobs)
     assert remote.counters()["errors"] >= 1
+
+
+def test_read_only_remote_waits_for_the_fleets_build(artifacts, tmp_path, redis_server):
+    """A serving worker (read-only towards Redis) that misses while a builder holds the lease waits for its
+    artifact instead of compiling; no compile runs in this process."""
+    import threading
+
+    c = artifacts("dynamo")
+    builder = open_cache(redis_server.url())
+    token = builder.acquire_lease(c.art.key)
+    assert token
+
+    def finish_build():
+        time.sleep(1.5)
+        store(builder, c.art)
+        builder.release_lease(c.art.key, token)
+
+    thread = threading.Thread(target=finish_build)
+    thread.start()
+    start = time.monotonic()
+    art = precompile.standalone_compile(c.gm, c.inputs, cache=tiered_url(tmp_path, redis_server, read_only=1))
+    thread.join()
+    assert art.outcome == "waited" and time.monotonic() - start >= 1.4
+    assert_same_output(art(*c.inputs), c.expected)
+    assert LocalCache(tmp_path / "near").get_ref(c.art.key) is not MISS  # kept on this machine too
