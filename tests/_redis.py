@@ -43,10 +43,26 @@ def free_port(below: int = 55000) -> int:
     raise RuntimeError("no free port pair found")
 
 
-class RedisServer:
-    """One redis-server process: TCP on 127.0.0.1:``port`` and a unix socket ``sock``; no persistence."""
+def make_tls_files(workdir: Path) -> dict[str, Path]:
+    """A throw-away CA and a server certificate for 127.0.0.1 (openssl), for a TLS redis-server."""
+    files = {name: workdir / f"{name}.pem" for name in ("ca", "ca_key", "cert", "key")}
+    csr = workdir / "server.csr"
+    ext = workdir / "san.ext"
+    ext.write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    run = lambda *args: subprocess.run(["openssl", *map(str, args)], check=True, capture_output=True)  # noqa: E731
+    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=precompile-test-ca",
+        "-keyout", files["ca_key"], "-out", files["ca"])
+    run("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1", "-keyout", files["key"], "-out", csr)
+    run("x509", "-req", "-in", csr, "-CA", files["ca"], "-CAkey", files["ca_key"], "-CAcreateserial", "-days", "2",
+        "-extfile", ext, "-out", files["cert"])
+    return files
 
-    def __init__(self, workdir: Path, *extra: str, port: int | None = None):
+
+class RedisServer:
+    """One redis-server process: TCP on 127.0.0.1:``port`` and a unix socket ``sock``; no persistence.  With
+    ``tls=True`` the TCP port speaks TLS only (certificates from :func:`make_tls_files`, CA in ``tls_ca``)."""
+
+    def __init__(self, workdir: Path, *extra: str, port: int | None = None, tls: bool = False):
         require_redis()
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -54,9 +70,15 @@ class RedisServer:
         self.sock = self.workdir / "redis.sock"
         self.extra = list(extra)
         self.proc: subprocess.Popen | None = None
+        self.tls_ca: Path | None = None
+        if tls:
+            files = make_tls_files(self.workdir)
+            self.tls_ca = files["ca"]
+            self.extra += ["--tls-port", str(self.port), "--tls-cert-file", str(files["cert"]), "--tls-key-file",
+                           str(files["key"]), "--tls-ca-cert-file", str(files["ca"]), "--tls-auth-clients", "no"]
 
     def start(self) -> RedisServer:
-        cmd = [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+        cmd = [REDIS_SERVER, "--port", "0" if self.tls_ca else str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
                "--dir", str(self.workdir), "--unixsocket", str(self.sock), "--unixsocketperm", "700",
                "--protected-mode", "no", "--loglevel", "warning", "--logfile", str(self.workdir / "redis.log"),
                *self.extra]
@@ -82,6 +104,8 @@ class RedisServer:
     def client(self, **kwargs):
         import redis
 
+        if self.tls_ca is not None:
+            kwargs.update(ssl=True, ssl_ca_certs=str(self.tls_ca))
         return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=5, **kwargs)
 
     def pause(self) -> None:

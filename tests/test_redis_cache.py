@@ -238,3 +238,23 @@ def test_cluster_keeps_each_blob_on_one_slot(redis_cluster):
     assert token and cache.acquire_lease(KEY) is None and cache.release_lease(KEY, token)
     cache.incr(hits=3)
     assert open_cache(redis_cluster.url(prefix="slots")).counters()["hits"] == 3
+
+
+def test_tls_with_a_verified_certificate(tmp_path):
+    from _redis import RedisServer
+
+    server = RedisServer(tmp_path / "tls", tls=True).start()
+    try:
+        cache = open_cache(f"rediss://127.0.0.1:{server.port}/0?ssl_ca_certs={server.tls_ca}&chunk_size=1KiB")
+        data = os.urandom(5000)
+        digest = cache.put_blob(data)
+        assert cache.get_blob(digest) == data
+        # the same port in plain text, or TLS with a CA that did not sign the certificate: unavailable, not a hang
+        plain = open_cache(f"redis://127.0.0.1:{server.port}/0?timeout=1")
+        with pytest.raises(CacheUnavailableError):
+            plain.get_blob(digest)
+        wrong_ca = open_cache(f"rediss://127.0.0.1:{server.port}/0?timeout=1")  # system CAs only
+        with pytest.raises(CacheUnavailableError):
+            wrong_ca.get_blob(digest)
+    finally:
+        server.stop()
