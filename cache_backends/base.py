@@ -132,6 +132,11 @@ class Cache(ABC):
     def has_blob(self, digest: str) -> bool:
         """True if a blob is stored under ``digest`` (not verified; a cheap existence check)."""
 
+    def has_blobs(self, digests: list[str]) -> dict[str, bool]:
+        """``{digest: exists}`` for each digest (not verified); backends may batch the checks, and a backend with
+        expiry refreshes what exists (a load keeps every part of the artifact alive, read or not)."""
+        return {d: self.has_blob(d) for d in dict.fromkeys(digests)}
+
     @abstractmethod
     def put_blob(self, data: bytes, digest: str | None = None) -> str:
         """Store ``data`` (idempotent) and return its digest.

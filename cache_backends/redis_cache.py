@@ -435,6 +435,38 @@ class RedisCache(Cache):
         with self._talk("checking a blob"):
             return bool(self.client.exists(self._head_key(check_name(digest))))
 
+    def has_blobs(self, digests: list[str]) -> dict[str, bool]:
+        """``{digest: exists}`` in one pipelined round trip (EXISTS, or with a TTL PEXPIRE, which refreshes what
+        exists), plus one more to refresh the chunks of chunked blobs, so that a hit keeps every part of an
+        artifact alive, not only the parts a load reads.
+
+        Raises:
+            ValueError: a digest is not 64 lowercase hex characters.
+            CacheUnavailableError: Redis cannot be reached.
+        """
+        unique = list(dict.fromkeys(check_name(d) for d in digests))
+        if not unique:
+            return {}
+        refresh = self.ttl_s is not None and not self.read_only
+        with self._talk(f"checking {len(unique)} blob(s)"):
+            pipe = self.client.pipeline(transaction=False)
+            for d in unique:
+                if refresh:
+                    pipe.pexpire(self._head_key(d), int(self.ttl_s * 1000))  # type: ignore[operator]
+                    pipe.getrange(self._head_key(d), 0, len(_MAGIC) + _HEAD_CHUNKED.size)
+                else:
+                    pipe.exists(self._head_key(d))
+            replies = pipe.execute()
+            if not refresh:
+                return {d: bool(r) for d, r in zip(unique, replies)}
+            found = {d: bool(r) for d, r in zip(unique, replies[::2])}
+            pipe = self.client.pipeline(transaction=False)
+            for d, head in zip(unique, replies[1::2]):
+                for i in range(self._chunk_count(head) or 0):
+                    pipe.pexpire(self._chunk_key(d, i), int(self.ttl_s * 1000))  # type: ignore[operator]
+            pipe.execute()
+        return found
+
     def put_blob(self, data: bytes, digest: str | None = None) -> str:
         """Store ``data`` zstd-compressed (idempotent) and return its digest.
 

@@ -125,6 +125,14 @@ class TieredCache(Cache):
         return self.local.has_blob(digest) or self._remote("checking a blob", lambda: self.remote.has_blob(digest),
                                                           False)
 
+    def has_blobs(self, digests: list[str]) -> dict[str, bool]:
+        """Local first; the rest in one remote ``has_blobs``."""
+        out = self.local.has_blobs(digests)
+        missing = [d for d, ok in out.items() if not ok]
+        if missing:
+            out.update(self._remote("checking blobs", lambda: self.remote.has_blobs(missing), {}))
+        return out
+
     def put_blob(self, data: bytes, digest: str | None = None) -> str:
         """Write to the local tier, then to the remote (a remote failure is logged and counted, not raised).
 
@@ -174,7 +182,7 @@ class TieredCache(Cache):
         except ValueError:
             return
         try:
-            missing = [d for d in names if not self.local.has_blob(d)]
+            missing = [d for d, ok in self.local.has_blobs(names).items() if not ok]
             if missing:
                 got = self.get_blobs(missing)
                 if any(v is MISS for v in got.values()):

@@ -446,7 +446,8 @@ def load_from_cache(key: str, cache: str | Cache | None, *, bound: dict[int, tor
         lost = [d for d, v in got.items() if v is MISS]
         # parts a load does not read (sources, graph, wrappers) are read lazily; they must at least exist, or an
         # entry whose part was found corrupt (and dropped) on a lazy read would be served forever, never whole
-        lost += [d for d in manifest.part_digests() if d not in got and not c.has_blob(d)]
+        rest = [d for d in manifest.part_digests() if d not in got]
+        lost += [d for d, ok in c.has_blobs(rest).items() if not ok]
         if lost:
             _drop_ref(c, key, f"{len(lost)} of its parts are missing or corrupt")
             return None

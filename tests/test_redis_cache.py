@@ -84,6 +84,12 @@ def test_ttl_is_set_and_refreshed_on_hit(redis_server):
     assert cache.get_ref(KEY) == digest and cache.get_blob(digest) is not MISS
     for k in keys:
         assert r.pttl(k) > 25_000, k  # a hit refreshed every key it read
+    # so does an existence check (a load checks the parts it does not read), chunks included
+    for k in keys[1:]:
+        r.pexpire(k, 5_000)
+    assert cache.has_blobs([digest, "0" * 64]) == {digest: True, "0" * 64: False}
+    for k in keys[1:]:
+        assert r.pttl(k) > 25_000, k
     # a second put of the same blob refreshes it too (a writer keeps what it is about to reference alive)
     r.pexpire(keys[1], 5_000)
     cache.put_blob(cache.get_blob(digest))
@@ -258,3 +264,18 @@ def test_tls_with_a_verified_certificate(tmp_path):
             wrong_ca.get_blob(digest)
     finally:
         server.stop()
+
+
+def test_cluster_serves_a_real_artifact(redis_cluster, artifacts):
+    import precompile
+    from conftest import assert_same_output
+    from precompile.artifact import store
+
+    c = artifacts("dynamo")
+    url = redis_cluster.url(chunk_size="4KiB", prefix="e2e", ttl=600)
+    assert store(open_cache(url), c.art)
+    art = precompile.load(c.art.key, cache=url)
+    assert_same_output(art(*c.inputs), c.expected)
+    hit = precompile.standalone_compile(c.gm, c.inputs, cache=url)
+    assert hit.outcome == "hit"
+    assert_same_output(hit(*c.inputs), c.expected)
