@@ -130,7 +130,10 @@ def standalone_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], 
             uses the ambient tracing context's (inside a ``torch.compile`` backend).
         options: Inductor config patches, as ``torch.compile(options=...)``, e.g. ``{"max_autotune": True}``.
         cache: a cache URL or open cache.  Given, this is get-or-build: a hit loads the stored artifact and
-            runs no Inductor compile; a miss compiles and stores.  Cache failures only cost the cache.
+            runs no Inductor compile; a miss compiles and stores.  With a cache that has build leases (Redis,
+            or tiered in front of Redis), one worker of a fleet compiles a key while the others wait for it
+            (:func:`precompile.coordination.get_or_build`; ``art.outcome`` says which happened).  Cache failures
+            only cost the cache: the call then compiles here.
 
     Returns:
         a callable artifact: ``art(*example_inputs)`` returns what ``gm(*example_inputs)`` returns.
