@@ -9,6 +9,9 @@ Everything precompile needs from Inductor goes through these functions:
   files and template configs) and the input-alignment assumptions (``CompiledFxGraph.inputs_to_check``).
 - :func:`load_engine`: rebuild a callable from an engine payload (what ``CompiledArtifact.load`` does),
   after placing the carried binaries where Inductor looks for them, so it needs no C++ rebuild.
+- :func:`fast_plan` / :func:`load_fast`: the fast load path: Inductor's wrapper module run with light stand-ins
+  for its compile-time imports, C++ kernels bound to their carried ``.so``, Triton kernels to their picked cubin
+  (carried in a ``.launch.so``) launched by torch's static CUDA launcher; validated bit for bit at build.
 - :func:`inductor_config_overrides`: normalize ``options`` for the key.
 
 Upgrading torch should mean changing this file only.
@@ -69,6 +72,8 @@ class BuildResult:
         mutated_inputs: indices of inputs the graph writes to.
         compile_seconds: wall time of the Inductor compile, seconds.
         cache_files: ``{relpath: size in bytes}`` of every file in the private cache dir (for inspection).
+        fast_off: why the fast path cannot be offered, as found while compiling (e.g. a Triton kernel that
+            Inductor does not launch statically), or None.
     """
 
     compiled_fn: Any
@@ -80,6 +85,7 @@ class BuildResult:
     mutated_inputs: list[int]
     compile_seconds: float
     cache_files: dict[str, int]
+    fast_off: str | None = None
 
 
 class NotSaveableError(RuntimeError):
@@ -192,7 +198,10 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], *, dynami
                     f"expected one AOTAutograd cache entry, Inductor produced {len(aot)} ({cache_info}); "
                     "something in the graph is not cacheable")
             payload = pickle.dumps({"aot_key": aot[0], "cache_artifacts": payload_bytes}, protocol=4)
-            result = _harvest(root, _read_fx_graphs(root))
+            graphs = _read_fx_graphs(root)
+            settled = _settle_triton_autotuning(art._compiled_fn, example_inputs, graphs)
+            result = _harvest(root, graphs)
+            fast_off = settled or _package_triton_kernels(root, result["kernels"])
             cache_files = {str(p.relative_to(root)): p.stat().st_size for p in Path(root).rglob("*") if p.is_file()}
             ks = result["kernels"]
             log.info("compiled in %.1f s: %d kernels (%d cpp, %d triton), %d with binaries, %d autotune picks, "
@@ -209,7 +218,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], *, dynami
                 shutil.rmtree(root, ignore_errors=True)
     compiled = art._compiled_fn
     return BuildResult(compiled_fn=compiled, engine_payload=payload, cache_files=cache_files,
-                       compile_seconds=seconds, **result)
+                       compile_seconds=seconds, fast_off=fast_off, **result)
 
 
 def _read_fx_graphs(root: str) -> list[Any]:
@@ -375,6 +384,211 @@ def _attach_bundled_binaries(graphs: list[Any], kernels: list[Kernel]) -> None:
                     k.relpaths[a.filename] = f"triton/{group.kernel_hash}/{a.filename}"
 
 
+# ------------------------------------------------------------------------------- Triton kernels, packaged
+#
+# The fast path launches each Triton kernel's picked cubin through torch's own static CUDA launcher
+# (``torch._C._StaticCudaLauncher``, what Inductor itself uses for statically launchable kernels), so a load
+# needs neither Triton nor gcc.  The build records, per kernel, what Inductor's generated launcher does (its
+# parameters, the grid expressions for the picked config, the parameters that reach the cubin and their type
+# codes, num_warps, shared memory) and packs that record with the picked cubin into one small shared object,
+# ``<kernel>.launch.so`` (the cubin and the record as read-only data, the way AOTInductor embeds kernel
+# binaries), so that each kernel travels as one loadable binary, as a C++ kernel's ``.so`` does.
+
+_LAUNCH_FORMAT = 1
+_LAUNCH_SO = ".launch.so"
+
+
+class _NotFast(Exception):
+    """Why a kernel cannot take the fast path (a reason for the log, never raised to callers)."""
+
+
+def _settle_triton_autotuning(compiled_fn: Any, example_inputs: list[Any], graphs: list[Any]) -> str | None:
+    """Run a graph that has Triton kernels once on the example inputs, so that Inductor autotunes each kernel
+    down to one launcher (and writes its ``.best_config``) while the private cache dir is still in place.
+
+    Returns:
+        None, or why the fast path is off (the graph is not a plain inference graph, or the run failed).
+    """
+    if not any("async_compile.triton(" in (getattr(g, "source_code", None) or "") for g in graphs):
+        return None
+    if len(graphs) != 1:
+        return f"{len(graphs)} wrapper modules (a training graph)"
+    if getattr(graphs[0], "mutated_input_idxs", None):
+        return "the graph mutates its inputs"
+    if any(isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs):
+        return "an input requires grad"
+    try:
+        with torch.no_grad():
+            compiled_fn(*example_inputs)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+    except Exception as err:  # noqa: BLE001 - only turns the fast path off
+        return f"running the compiled graph once failed ({type(err).__name__}: {err})"
+    return None
+
+
+def _live_wrapper_module(names: list[str]) -> Any:
+    """The loaded wrapper module that binds every name in ``names`` (Inductor's ``PyCodeCache``), or None."""
+    from torch._inductor.codecache import PyCodeCache
+
+    mods = list(getattr(PyCodeCache, "modules", None) or [])
+    mods += list((getattr(PyCodeCache, "modules_no_attr", None) or {}).values())
+    for m in reversed(mods):
+        if hasattr(m, "call") and all(hasattr(m, n) for n in names):
+            return m
+    return None
+
+
+def _triton_launch_record(kernel: Any, root: Path) -> tuple[dict[str, Any], bytes]:
+    """``(record, cubin bytes)`` for one live ``CachingAutotuner`` that was autotuned to one launcher.
+
+    Raises:
+        _NotFast: the kernel cannot be launched by the static launcher, or its launcher is not understood.
+    """
+    launchers = list(getattr(kernel, "launchers", None) or [])
+    if len(launchers) != 1:
+        raise _NotFast(f"{len(launchers)} launchers after a run, not one picked config")
+    launcher = launchers[0]
+    scope = getattr(launcher, "__globals__", None) or {}
+    cache_hash = getattr(launcher, "cache_hash", None)
+    if getattr(launcher, "_is_static", False):
+        static = getattr(scope.get("runner"), "__self__", None)
+        if static is None or not isinstance(getattr(static, "arg_tys", None), str):
+            raise _NotFast("its static launcher is not understood")
+        if type(static).__name__ != "StaticallyLaunchedCudaKernel":
+            raise _NotFast(f"launched by {type(static).__name__}, not the CUDA launcher")
+        found = [p for p in (root / "triton").rglob(f"{static.name}.cubin") if p.parent.name == cache_hash]
+        if not found:
+            raise _NotFast(f"the picked cubin triton/{cache_hash}/{static.name}.cubin is not in the cache dir")
+        cubin = found[0].read_bytes()
+    else:
+        # Inductor launches it through Triton's own (gcc-built) launcher, e.g. because its cubin was not
+        # where Inductor looked for it; the static launcher reads the same compiled kernel
+        static, cubin = _static_from_compiled(scope.get("bin"))
+    code = launcher.__code__
+    params = list(code.co_varnames[:code.co_argcount])
+    if params[-1:] != ["stream"] or code.co_flags & 0x0C:
+        raise _NotFast(f"launcher parameters {params} are not understood")
+    params = params[:-1]
+    constexprs = {int(i) for i in static.full_constexprs}
+    passed = [a for i, a in enumerate(static.arg_names) if i not in constexprs]
+    if len(passed) != len(static.arg_tys) or any(a not in params for a in passed):
+        raise _NotFast(f"cubin parameters {passed} ({static.arg_tys!r}) do not match launcher parameters {params}")
+    from torch._inductor.runtime.triton_heuristics import GridExpr
+
+    grid = GridExpr.from_meta(kernel.inductor_meta, launcher.config)
+    scratch = int(bool(getattr(static, "has_global_scratch", False))) + int(
+        bool(getattr(static, "has_profile_scratch", False)))
+    device = (getattr(kernel, "triton_meta", None) or {}).get("device", 0)
+    device = getattr(device, "index", device)
+    record = {
+        "format": _LAUNCH_FORMAT, "name": static.name, "device": int(device or 0), "params": params,
+        "passed": passed, "arg_tys": static.arg_tys + "O" * scratch, "scratch": scratch,
+        "grid": [*grid.prefix, f"grid_0 = {grid.x_grid}", f"grid_1 = {grid.y_grid}", f"grid_2 = {grid.z_grid}"],
+        "num_warps": int(static.num_warps), "shared": int(static.shared), "triton_cache_hash": cache_hash,
+    }
+    return record, cubin
+
+
+def _static_from_compiled(binary: Any) -> tuple[Any, bytes]:
+    """Inductor's static-launch description of a Triton ``CompiledKernel`` and its cubin bytes.
+
+    Raises:
+        _NotFast: the kernel needs what the static launcher does not do (scratch memory, launch attributes,
+            clusters), or carries no cubin.
+    """
+    cubin = (getattr(binary, "asm", None) or {}).get("cubin")
+    if not isinstance(cubin, bytes):
+        raise _NotFast("Triton's compiled kernel carries no cubin")
+    meta = binary.metadata
+    if getattr(meta, "launch_pdl", False) or getattr(meta, "launch_cooperative_grid", False):
+        raise _NotFast("it needs launch attributes (PDL or a cooperative grid)")
+    from torch._inductor.runtime.static_triton_launcher import (
+        StaticallyLaunchedCudaKernel,  # the one place it is used: reads a compiled kernel's launch data
+    )
+
+    if not hasattr(binary, "_cubin_path"):
+        binary._cubin_path = None
+    try:
+        return StaticallyLaunchedCudaKernel(binary), cubin
+    except NotImplementedError as err:
+        raise _NotFast(f"the static launcher cannot launch it: {err}") from err
+
+
+_LAUNCH_SO_C = r"""/* precompile: Triton kernel %(name)s, its picked cubin and launch record (read-only data) */
+__asm__(
+    "\t.section .rodata\n"
+    "\t.balign 128\n"
+    "\t.globl pc_cubin\n"
+    "pc_cubin:\n"
+    "\t.incbin \"%(cubin)s\"\n"
+    "\t.globl pc_cubin_end\n"
+    "pc_cubin_end:\n"
+    "\t.globl pc_record\n"
+    "pc_record:\n"
+    "\t.incbin \"%(record)s\"\n"
+    "\t.byte 0\n"
+    "\t.previous\n");
+"""
+
+
+def _build_launch_so(cc: str, tmp: str, record: dict[str, Any], cubin: bytes) -> bytes:
+    """Link ``record`` (JSON) and ``cubin`` into a shared object: ``<name>.launch.so`` bytes.
+
+    Raises:
+        _NotFast: the compiler failed.
+    """
+    import subprocess
+
+    d = Path(tempfile.mkdtemp(dir=tmp))
+    (d / "k.cubin").write_bytes(cubin)
+    (d / "k.json").write_text(json.dumps(record, sort_keys=True))
+    (d / "k.c").write_text(_LAUNCH_SO_C % {"name": record["name"], "cubin": d / "k.cubin", "record": d / "k.json"})
+    proc = subprocess.run([cc, "-shared", "-fPIC", "-nostdlib", "-o", str(d / "k.so"), str(d / "k.c")],
+                          capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise _NotFast(f"{cc} failed to package it: {proc.stderr.strip()[-500:]}")
+    return (d / "k.so").read_bytes()
+
+
+def _package_triton_kernels(root: str, kernels: list[Kernel]) -> str | None:
+    """Give every Triton kernel a ``<name>.launch.so`` binary (see above).
+
+    Returns:
+        None (done, or there are no Triton kernels), or why the fast path is off; then no kernel gets one.
+    """
+    triton_kernels = [k for k in kernels if k.lang == "triton"]
+    if not triton_kernels:
+        return None
+    module = _live_wrapper_module([k.name for k in triton_kernels])
+    if module is None:
+        return "the compiled wrapper module is not loaded"
+    cc = shutil.which(os.environ.get("CC") or "gcc") or shutil.which("cc")
+    if cc is None:
+        return "no C compiler to package Triton kernels with"
+    try:
+        records = []
+        for k in triton_kernels:
+            records.append((k, *_triton_launch_record(getattr(module, k.name), Path(root))))
+    except _NotFast as err:
+        return f"Triton kernel {k.name} cannot be launched without Inductor: {err}"
+    except Exception as err:  # noqa: BLE001 - Inductor internals changed: only the fast path is lost
+        return f"reading Triton kernel {k.name}'s launcher failed ({type(err).__name__}: {err})"
+    from concurrent.futures import ThreadPoolExecutor
+
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="precompile-pack-") as tmp, \
+            ThreadPoolExecutor(max_workers=min(16, os.cpu_count() or 1)) as pool:
+        try:
+            built = list(pool.map(lambda r: _build_launch_so(cc, tmp, r[1], r[2]), records))
+        except _NotFast as err:
+            return str(err)
+    for (k, record, _), so in zip(records, built):
+        k.binaries[record["name"] + _LAUNCH_SO] = so
+    log.info("packaged %d Triton kernels for the fast path in %.2f s", len(built), time.perf_counter() - start)
+    return None
+
+
 # --------------------------------------------------------------------------------------------------- load
 
 
@@ -418,13 +632,15 @@ def load_engine(payload: bytes, binaries: dict[str, bytes] | None = None) -> Any
 # ------------------------------------------------------------------------------------------- fast path
 #
 # The portable path above rebuilds the callable the way ``CompiledArtifact.load`` does: it imports Inductor's
-# compile-time modules, probes the CPU's vector ISA with gcc and looks up (or rebuilds) every C++ kernel.  The
-# fast path runs Inductor's wrapper module itself, with its imports of compile-time modules replaced by light
-# stand-ins and every ``async_compile.cpp_pybinding(...)`` bound to the ``.so`` the artifact carries (loaded
-# from memory through memfd, never compiled).  It is only offered for graphs where the wrapper's ``call`` is
-# the whole story: inference, no mutated inputs, tensor inputs only (so no symbolic sizes), every kernel C++
-# with a carried binary; and it
-# is validated at build time by comparing its outputs with the freshly compiled callable's, bit for bit.
+# compile-time modules (and with them Dynamo and sympy), probes the CPU's vector ISA with gcc, looks up (or
+# rebuilds) every C++ kernel and has Triton build its C launchers with gcc.  The fast path runs Inductor's
+# wrapper module itself, with its imports of compile-time modules replaced by light stand-ins: every
+# ``async_compile.cpp_pybinding(...)`` is bound to the ``.so`` the artifact carries, every
+# ``async_compile.triton(...)`` to the picked cubin its ``.launch.so`` carries, launched through
+# ``torch._C._StaticCudaLauncher`` (both loaded from memory through memfd, never compiled; Triton itself is
+# not imported).  It is only offered for graphs where the wrapper's ``call`` is the whole story: inference, no
+# mutated inputs, tensor inputs only (so no symbolic sizes), every kernel with a carried binary; and it is
+# validated at build time by comparing its outputs with the freshly compiled callable's, bit for bit.
 
 _FAST_IMPORTS = {
     ("torch._inductor.hooks", "run_intermediate_hooks"): "run_intermediate_hooks",
@@ -432,9 +648,38 @@ _FAST_IMPORTS = {
     ("torch._inductor.codegen.memory_planning", "_align"): "align",
     ("torch._inductor.async_compile", "AsyncCompile"): "AsyncCompile",
     ("torch._inductor.select_algorithm", "extern_kernels"): "extern_kernels",
+    ("torch._inductor.runtime.triton_heuristics", "start_graph"): "noop",
+    ("torch._inductor.runtime.triton_heuristics", "end_graph"): "noop",
 }
 _ALIGN_BYTES = 64  # torch._inductor.utils.ALIGN_BYTES
 _OPEN_MEMFDS: list[int] = []
+
+
+def _memfd(data: bytes, label: str, keep: bool = True) -> tuple[int, str]:
+    """``(fd, /proc/self/fd path)`` of an anonymous in-memory file holding ``data``.
+
+    A ``keep`` fd stays open for the life of the process: dlopen() recognizes an already loaded library by its
+    path string, so a closed and reused /proc/self/fd/N would hand back another library.
+    """
+    fd = os.memfd_create(label, getattr(os, "MFD_CLOEXEC", 0))
+    if keep:
+        _OPEN_MEMFDS.append(fd)
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+    return fd, f"/proc/self/fd/{fd}"
+
+
+class _LazyModule:
+    """Stands in for ``import triton`` in a wrapper: imports the module only if an attribute is used."""
+
+    def __init__(self, name: str):
+        self._name = name
+
+    def __getattr__(self, attr: str) -> Any:
+        import importlib
+
+        return getattr(importlib.import_module(self._name), attr)
 
 
 class _FastRuntime:
@@ -449,6 +694,9 @@ class _FastRuntime:
             def cpp_pybinding(self, argtypes: Any, source: str, *args: Any, **kwargs: Any) -> Any:
                 return runtime.load_cpp(source)
 
+            def triton(self, kernel_name: str, source: str, *args: Any, **kwargs: Any) -> Any:
+                return runtime.load_triton(source)
+
             def wait(self, scope: Any) -> None:
                 return None
 
@@ -456,6 +704,10 @@ class _FastRuntime:
 
     @staticmethod
     def run_intermediate_hooks(name: str, value: Any) -> None:
+        return None
+
+    @staticmethod
+    def noop(*args: Any, **kwargs: Any) -> None:
         return None
 
     @staticmethod
@@ -467,34 +719,41 @@ class _FastRuntime:
     def align(nbytes: int) -> int:
         return (nbytes + _ALIGN_BYTES - 1) & -_ALIGN_BYTES
 
-    def load_cpp(self, source: str) -> Any:
+    @staticmethod
+    def lazy(name: str) -> _LazyModule:
+        return _LazyModule(name)
+
+    def _binary(self, source: str, lang: str) -> tuple[str, bytes]:
         import hashlib
-        import importlib.machinery
-        import importlib.util
-        import sys
 
         digest = hashlib.sha256(source.encode()).hexdigest()
         so = self._kernels.get(digest)
         if so is None:
-            raise KeyError(f"no carried binary for C++ kernel source {digest[:12]}")
+            raise KeyError(f"no carried binary for {lang} kernel source {digest[:12]}")
+        return digest, so
+
+    def load_cpp(self, source: str) -> Any:
+        import importlib.machinery
+        import importlib.util
+        import sys
+
+        digest, so = self._binary(source, "C++")
         name = f"precompile_k{digest[:24]}.kernel"
         module = sys.modules.get(name)
         if module is None:
             os.environ["_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR"] = str(
                 torch._C._dynamo.guards._torchinductor_pyobject_tensor_data_ptr)
-            # The memfd stays open for the life of the process: dlopen() recognizes an already loaded library
-            # by its path string, so a closed and reused /proc/self/fd/N would hand back another kernel.
-            fd = os.memfd_create(f"pc-{digest[:16]}.so", getattr(os, "MFD_CLOEXEC", 0))
-            _OPEN_MEMFDS.append(fd)
-            view = memoryview(so)
-            while view:
-                view = view[os.write(fd, view):]
-            loader = importlib.machinery.ExtensionFileLoader(name, f"/proc/self/fd/{fd}")
+            _, path = _memfd(so, f"pc-{digest[:16]}.so")
+            loader = importlib.machinery.ExtensionFileLoader(name, path)
             spec = importlib.util.spec_from_loader(name, loader)
             module = importlib.util.module_from_spec(spec)
             loader.exec_module(module)
             sys.modules[name] = module
         return module.kernel
+
+    def load_triton(self, source: str) -> Any:
+        digest, so = self._binary(source, "Triton")
+        return _TritonKernel(*_read_launch_so(so, digest))
 
 
 class _Namespace:
@@ -502,9 +761,60 @@ class _Namespace:
         self.__dict__.update(table)
 
 
+def _read_launch_so(so: bytes, digest: str) -> tuple[dict[str, Any], bytes]:
+    """``(launch record, cubin bytes)`` from a ``<kernel>.launch.so`` (see :func:`_build_launch_so`).
+
+    Raises:
+        ValueError: the record is of another format, or names parameters that are not identifiers.
+        OSError / AttributeError: the shared object does not load or lacks the symbols.
+    """
+    import ctypes
+
+    _, path = _memfd(so, f"pc-{digest[:16]}.launch.so")
+    lib = ctypes.CDLL(path)
+    start = ctypes.addressof(ctypes.c_char.in_dll(lib, "pc_cubin"))
+    end = ctypes.addressof(ctypes.c_char.in_dll(lib, "pc_cubin_end"))
+    record = json.loads(ctypes.string_at(ctypes.addressof(ctypes.c_char.in_dll(lib, "pc_record"))))
+    if record.get("format") != _LAUNCH_FORMAT:
+        raise ValueError(f"launch record format {record.get('format')!r}, this precompile reads {_LAUNCH_FORMAT}")
+    if not all(isinstance(a, str) and a.isidentifier() for a in record["params"] + record["passed"]):
+        raise ValueError("launch record names parameters that are not identifiers")
+    return record, ctypes.string_at(start, end - start)
+
+
+class _TritonKernel:
+    """A Triton kernel's picked cubin, loaded into the current CUDA context and launched by torch's static
+    launcher; ``run(*params, stream=...)`` as the wrapper calls Inductor's ``CachingAutotuner.run``."""
+
+    def __init__(self, record: dict[str, Any], cubin: bytes):
+        launcher = torch._C._StaticCudaLauncher
+        torch.cuda.init()
+        fd, path = _memfd(cubin, record["name"] + ".cubin", keep=False)
+        try:
+            # torch 2.11 returns (function, n_regs, n_spills); later versions put the module handle first
+            self.handles = launcher._load_kernel(path, record["name"], record["shared"], record["device"])
+        finally:
+            os.close(fd)
+        self.name = record["name"]
+        self.run = _launcher_function(record, launcher._launch_kernel, self.handles[-3])
+
+
+def _launcher_function(record: dict[str, Any], launch: Any, function: Any) -> Any:
+    """``run(*params, stream)``: computes the grid for the picked config as Inductor's generated launcher does
+    and calls ``launch(function, grid_0, grid_1, grid_2, num_warps, shared, arg_tys, args, stream)``."""
+    passed = [*record["passed"], *["None"] * record["scratch"]]
+    call = (f"    launch(function, grid_0, grid_1, grid_2, {int(record['num_warps'])}, {int(record['shared'])}, "
+            f"{record['arg_tys']!r}, ({''.join(a + ', ' for a in passed)}), stream)")
+    lines = [f"def run({', '.join([*record['params'], 'stream'])}):", *[f"    {line}" for line in record["grid"]], call]
+    scope = {"launch": launch, "function": function}
+    exec(compile("\n".join(lines), f"<precompile launcher {record['name']}>", "exec"), scope)  # noqa: S102
+    return scope["run"]
+
+
 def _rewrite_wrapper(source: str) -> str | None:
     """The wrapper source with its top-level imports of Inductor compile-time modules replaced by names bound
-    from ``__pc`` (a :class:`_FastRuntime`), or None if it imports something else from ``torch._inductor``."""
+    from ``__pc`` (a :class:`_FastRuntime`) and ``import triton...`` by lazy stand-ins, or None if it imports
+    something else from ``torch._inductor``."""
     import ast
 
     tree = ast.parse(source)
@@ -518,14 +828,29 @@ def _rewrite_wrapper(source: str) -> str | None:
                 if attr is None:
                     return None
                 repl.append(f"{alias.asname or alias.name} = __pc.{attr}")
-            if node.end_lineno != node.lineno:
-                return None
-            edits[node.lineno - 1] = "; ".join(repl) + "\n"
         elif isinstance(node, ast.Import) and any(a.name.startswith("torch._inductor") for a in node.names):
             return None
+        elif isinstance(node, ast.Import) and all(a.name == "triton" or a.name.startswith("triton.")
+                                                  for a in node.names):
+            repl = [f"{a.asname} = __pc.lazy({a.name!r})" if a.asname else "triton = __pc.lazy('triton')"
+                    for a in node.names]
+        else:
+            continue
+        if node.end_lineno != node.lineno:
+            return None
+        edits[node.lineno - 1] = "; ".join(repl) + "\n"
     for i, text in edits.items():
         lines[i] = text
     return "".join(lines)
+
+
+def _has_launch_binary(k: Kernel) -> bool:
+    if k.lang == "cpp":
+        return any(f.endswith(".so") for f in k.binaries)
+    if k.lang == "triton":
+        so = [f for f in k.binaries if f.endswith(".so")]
+        return len(so) == 1 and so[0].endswith(_LAUNCH_SO)
+    return False
 
 
 def fast_plan(result: BuildResult, flat_inputs: list[Any]) -> dict[str, Any] | None:
@@ -534,21 +859,32 @@ def fast_plan(result: BuildResult, flat_inputs: list[Any]) -> dict[str, Any] | N
     Returns:
         ``{"wrapper": name, "extern": {name: "module:qualname"}}`` or None (then loads take the portable path).
         The fast callable is built from the in-memory products and its outputs on ``flat_inputs`` must equal
-        the fresh callable's bit for bit; a mismatch or any failure means None, logged at debug level.
+        the fresh callable's bit for bit; a mismatch or any failure means None, with the reason logged.
     """
     import hashlib
 
-    if len(result.wrappers) != 1 or result.mutated_inputs:
-        return None
-    if any(k.lang != "cpp" or not any(f.endswith(".so") for f in k.binaries) for k in result.kernels):
-        return None
+    def off(reason: str) -> None:
+        log.info("fast path off: %s", reason)
+
+    if result.fast_off:
+        return off(result.fast_off)
+    if len(result.wrappers) != 1:
+        return off(f"{len(result.wrappers)} wrapper modules (a training graph)")
+    if result.mutated_inputs:
+        return off("the graph mutates its inputs")
+    missing = [k.name for k in result.kernels if not _has_launch_binary(k)]
+    if missing:
+        return off(f"no loadable binary for kernels {missing[:5]}")
     if any(isinstance(x, torch.Tensor) and x.requires_grad for x in flat_inputs):
-        return None
+        return off("an input requires grad")
     if any(not isinstance(x, torch.Tensor) for x in flat_inputs):
-        return None
+        return off("an input is not a tensor")
     (name, source), = result.wrappers.items()
-    if re.search(r"async_compile\.(?!cpp_pybinding\(|wait\()\w+\(", source) or _rewrite_wrapper(source) is None:
-        return None
+    other = re.search(r"async_compile\.(?!cpp_pybinding\(|triton\(|wait\()\w+\(", source)
+    if other:
+        return off(f"the wrapper calls {other.group(0)}")
+    if _rewrite_wrapper(source) is None:
+        return off("the wrapper imports Inductor modules the fast path does not stand in for")
     extern: dict[str, str] = {}
     for ename in sorted(set(re.findall(r"\bextern_kernels\.(\w+)", source))):
         from torch._inductor.select_algorithm import extern_kernels
@@ -556,10 +892,10 @@ def fast_plan(result: BuildResult, flat_inputs: list[Any]) -> dict[str, Any] | N
         fn = getattr(extern_kernels, ename, None)
         ref = _importable_name(fn)
         if ref is None:
-            log.debug("fast path off: extern kernel %s (%r) is not importable by name", ename, fn)
-            return None
+            return off(f"extern kernel {ename} ({fn!r}) is not importable by name")
         extern[ename] = ref
-    kernels = {hashlib.sha256(k.source.encode()).hexdigest(): next(b for f, b in k.binaries.items() if f.endswith(".so"))
+    kernels = {hashlib.sha256(k.source.encode()).hexdigest(): next(b for f, b in sorted(k.binaries.items())
+                                                                    if f.endswith(".so"))
                for k in result.kernels}
     try:
         fast = load_fast(source, extern, kernels, result.inputs_to_check)
@@ -569,14 +905,13 @@ def fast_plan(result: BuildResult, flat_inputs: list[Any]) -> dict[str, Any] | N
         want, got = list(want), list(got)
         same = len(want) == len(got) and all(
             type(a) is type(b) and (not isinstance(a, torch.Tensor) or (
-                a.shape == b.shape and a.stride() == b.stride() and a.dtype == b.dtype and torch.equal(a, b)))
+                a.shape == b.shape and a.stride() == b.stride() and a.dtype == b.dtype and a.device == b.device
+                and torch.equal(a, b)))
             for a, b in zip(want, got))
     except Exception as err:  # noqa: BLE001 - any failure only turns the fast path off
-        log.debug("fast path off: validation failed: %s: %s", type(err).__name__, err)
-        return None
+        return off(f"validation failed: {type(err).__name__}: {err}")
     if not same:
-        log.debug("fast path off: outputs differ from the freshly compiled callable")
-        return None
+        return off("outputs differ from the freshly compiled callable")
     return {"wrapper": name, "extern": extern}
 
 

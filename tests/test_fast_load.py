@@ -6,6 +6,7 @@ Every test loads in a fresh process, as a serving worker would.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ import torch
 
 import precompile
 from conftest import assert_same_output, run_python
+from precompile import _inductor
 
 import _graphs
 
@@ -100,3 +102,127 @@ def test_bad_engine_mode_is_a_clear_error(dynamo_artifact, monkeypatch):
     monkeypatch.setenv("PRECOMPILE_ENGINE", "turbo")
     with pytest.raises(ValueError, match="PRECOMPILE_ENGINE"):
         precompile.load(path)
+
+
+# ------------------------------------------------------------------------------------------- GPU (Triton)
+CUDA_WRAPPER = Path(__file__).parent / "data" / "inductor_2_11_cuda_wrapper.txt"  # torch 2.11, H200, 3 kernels
+
+EXEC_CUDA_WRAPPER = r"""
+import hashlib, json, sys
+import torch
+torch._C._cuda_getCurrentRawStream = getattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 0)
+before = set(sys.modules)
+from precompile import _inductor
+source = open(sys.argv[1]).read()
+kernels = {hashlib.sha256(text.encode()).hexdigest(): name for name, _, text in _inductor._TRITON_KERNEL.findall(source)}
+seen = []
+
+class Runtime(_inductor._FastRuntime):
+    def load_triton(self, text):
+        seen.append(kernels[hashlib.sha256(text.encode()).hexdigest()])
+        return object()
+
+ns = {"__name__": "w", "__pc": Runtime({}, {"addmm": torch.addmm})}
+exec(compile(_inductor._rewrite_wrapper(source), "w", "exec"), ns)
+new = sorted(m for m in set(sys.modules) - before
+             if m.startswith(("torch._inductor", "torch._dynamo", "triton", "sympy")))
+print(json.dumps({"seen": seen, "kernels": sorted(kernels.values()), "new_modules": new, "call": callable(ns["call"])}))
+"""
+
+
+def test_cuda_wrapper_runs_with_stand_ins_only():
+    """Inductor 2.11's CUDA wrapper module, rewritten: every compile-time import (Inductor, Triton) is a stand-in,
+    and every Triton kernel is asked of the runtime by the exact source text the build harvested."""
+    import ast
+
+    source = CUDA_WRAPPER.read_text()
+    rewritten = _inductor._rewrite_wrapper(source)
+    assert rewritten is not None
+    for node in ast.parse(rewritten).body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
+            assert not any(n.startswith(("torch._inductor", "triton")) for n in names), ast.unparse(node)
+    report = json.loads(run_python(EXEC_CUDA_WRAPPER, str(CUDA_WRAPPER)).splitlines()[-1])
+    assert report["call"] and report["new_modules"] == []
+    assert sorted(report["seen"]) == report["kernels"] and len(report["kernels"]) == 3
+
+
+def test_triton_launcher_computes_the_grid_of_the_picked_config():
+    record = {"name": "triton_per_fused_amax_mul_2", "params": ["in_ptr0", "out_ptr0", "xnumel", "r0_numel"],
+              "passed": ["in_ptr0", "out_ptr0", "xnumel"], "arg_tys": "OOiO", "scratch": 1, "num_warps": 8,
+              "shared": 64, "grid": ["grid_0 = -((xnumel) // -(32))", "grid_1 = 1", "grid_2 = 1"]}
+    calls = []
+    run = _inductor._launcher_function(record, lambda *a: calls.append(a), "FUNCTION")
+    run("a", "b", 256, 64, stream=7)  # as the wrapper calls it: .run(buf6, buf11, 256, 64, stream=stream0)
+    assert calls == [("FUNCTION", 8, 1, 1, 8, 64, "OOiO", ("a", "b", 256, None), 7)]
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc to package a kernel")
+def test_launch_binary_carries_the_cubin_and_its_record(tmp_path):
+    record = {"format": _inductor._LAUNCH_FORMAT, "name": "k", "params": ["x"], "passed": ["x"], "grid": []}
+    cubin = bytes(range(256)) * 40 + b"\0tail"
+    so = _inductor._build_launch_so(shutil.which("gcc"), str(tmp_path), record, cubin)
+    assert so[:4] == b"\x7fELF"
+    assert _inductor._read_launch_so(so, "0" * 16) == (record, cubin)
+    with pytest.raises(ValueError, match="format"):
+        _inductor._read_launch_so(_inductor._build_launch_so(
+            shutil.which("gcc"), str(tmp_path), {**record, "format": 99}, cubin), "1" * 16)
+
+
+GPU_D, GPU_H, GPU_BATCH = 256, 512, 64
+
+LOAD_CUDA = r"""
+import json, sys, time
+import torch
+import _graphs
+d, h, batch = map(int, sys.argv[3:6])
+model = _graphs.mlp(d=d, h=h, dtype=torch.bfloat16).cuda().requires_grad_(False)
+x = _graphs.example(batch=batch, d=d, dtype=torch.bfloat16).cuda()
+before = set(sys.modules)
+import precompile
+t = time.perf_counter()
+art = precompile.load(sys.argv[1], weights=model)
+out = art(x)
+torch.cuda.synchronize()
+new = sorted(m for m in set(sys.modules) - before
+             if m.startswith(("torch._inductor", "torch._dynamo", "triton", "sympy")))
+torch.save(out, sys.argv[2])
+print(json.dumps({"engine": art.engine_kind, "seconds": time.perf_counter() - t, "new_modules": new}))
+"""
+GPU_ARGS = (str(GPU_D), str(GPU_H), str(GPU_BATCH))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (Triton kernels)")
+@pytest.mark.parametrize("options", [{}, {"max_autotune": True}], ids=["default", "max_autotune"])
+def test_gpu_artifact_loads_through_the_fast_path(options, tmp_path):
+    model = _graphs.mlp(d=GPU_D, h=GPU_H, dtype=torch.bfloat16).cuda().requires_grad_(False)
+    x = _graphs.example(batch=GPU_BATCH, d=GPU_D, dtype=torch.bfloat16).cuda()
+    gm, inputs = _graphs.dynamo_graph(model, x)
+    art = precompile.standalone_compile(gm, inputs, options=options)
+    assert art.manifest.parts["fast"] is not None, "the fast path was not offered (the precompile log says why)"
+    triton_kernels = [k for k in art.manifest.kernels if k["lang"] == "triton"]
+    assert triton_kernels and all(
+        [f for f in k["binaries"] if f.endswith(".so")] == [k["name"] + ".launch.so"] for k in triton_kernels)
+    with torch.no_grad():
+        want = art(*inputs)
+    path = tmp_path / "mlp.pc"
+    art.save(path)
+    report = json.loads(run_python(LOAD_CUDA, str(path), str(tmp_path / "out.pt"), *GPU_ARGS).splitlines()[-1])
+    assert report["engine"] == "fast"
+    assert report["new_modules"] == []  # no Inductor, Dynamo, Triton or sympy on the load path
+    assert_same_output(torch.load(tmp_path / "out.pt"), want, rtol=0, atol=0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (Triton kernels)")
+def test_gpu_artifact_portable_path_still_loads(tmp_path):
+    model = _graphs.mlp(d=GPU_D, h=GPU_H, dtype=torch.bfloat16).cuda().requires_grad_(False)
+    x = _graphs.example(batch=GPU_BATCH, d=GPU_D, dtype=torch.bfloat16).cuda()
+    gm, inputs = _graphs.dynamo_graph(model, x)
+    art = precompile.standalone_compile(gm, inputs)
+    path = tmp_path / "mlp.pc"
+    art.save(path)
+    report = json.loads(run_python(LOAD_CUDA, str(path), str(tmp_path / "out.pt"), *GPU_ARGS,
+                                   env={"PRECOMPILE_ENGINE": "portable"}).splitlines()[-1])
+    assert report["engine"] == "portable"
+    with torch.no_grad():
+        assert_same_output(torch.load(tmp_path / "out.pt"), art(*inputs), rtol=2e-2, atol=2e-2)
