@@ -45,6 +45,7 @@ def _args(argv=None) -> argparse.Namespace:
     p.add_argument("--options", default=None, help="Inductor options JSON")
     p.add_argument("--calls", type=int, default=30, help="steady calls timed (median reported)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    p.add_argument("--json-out", default=None, help="also write the JSON object to this file")
     p.add_argument("--workdir", default=None, help="keep artifacts here (default: a temp dir)")
     p.add_argument("--concurrent", type=int, default=0,
                    help="also start this many precompile loads at once and report their load seconds")
@@ -237,6 +238,8 @@ def main(argv=None) -> int:
         result["concurrent_load_s_max"] = max(concurrent)
         result["concurrent_load_s_median"] = statistics.median(concurrent)
         result["concurrent_vs_lone"] = max(concurrent) / o["load_s"]
+    if a.json_out:
+        Path(a.json_out).write_text(json.dumps(result) + "\n")
     if a.json:
         print(json.dumps(result))
         return 0
