@@ -5,6 +5,7 @@ is gone or stalled."""
 from __future__ import annotations
 
 import os
+import random
 import time
 
 import pytest
@@ -26,9 +27,20 @@ def test_blobs_refs_and_counters_round_trip(redis_server):
     assert cache.put_blob(big) == d_big  # idempotent: counted once
     r = redis_server.client()
     assert r.exists(f"precompile:blob:{{{d_big}}}:9") and not r.exists(f"precompile:blob:{{{d_small}}}:0")
+    # zstd where it pays, raw where it does not (random bytes): the head says which
+    d_text = cache.put_blob(b"def kernel(x):\n    return x * 2\n" * 400)
+    assert r.getrange(f"precompile:blob:{{{d_text}}}", 0, 4) == b"PCB1Z"
+    assert r.getrange(f"precompile:blob:{{{d_big}}}", 0, 4) == b"PCB1K"
+    assert r.getrange(f"precompile:blob:{{{d_small}}}", 0, 4) == b"PCB1R"
     missing = digest_bytes(b"never stored")
     got = cache.get_blobs([d_small, d_big, missing])
     assert got == {d_small: small, d_big: big, missing: MISS}
+    rng = random.Random(0)
+    compressible = bytes(rng.choice(b"abcdefgh") for _ in range(20_000))  # 3 bits a byte: zstd frame > 1 KiB
+    d_comp = cache.put_blob(compressible)
+    assert r.exists(f"precompile:blob:{{{d_comp}}}:1")
+    assert r.getrange(f"precompile:blob:{{{d_comp}}}", 0, 4) == b"PCB1C"  # chunks of a zstd frame
+    assert cache.get_blob(d_comp) == compressible
     assert cache.has_blob(d_big) and not cache.has_blob(missing)
     assert cache.get_ref(KEY) is MISS
     cache.set_ref(KEY, d_big)
@@ -37,7 +49,7 @@ def test_blobs_refs_and_counters_round_trip(redis_server):
     cache.incr(hits=2, misses=1)
     # counters live in Redis: another client (another worker) sees them
     other = open_cache(redis_server.url(chunk_size="1KiB")).counters()
-    assert other["puts"] == 2 and other["hits"] == 2 and other["misses"] == 1
+    assert other["puts"] == 4 and other["hits"] == 2 and other["misses"] == 1
     assert other["bytes_written"] > 10_000 and other["bytes_read"] > 10_000
 
 
@@ -216,7 +228,8 @@ def test_blob_larger_than_redis_string_limit(redis_server):
     cache = open_cache(redis_server.url(chunk_size="8MiB"))
     data = os.urandom(600 << 20)
     digest = cache.put_blob(data)
-    assert redis_server.client().exists(f"precompile:blob:{{{digest}}}:75")
+    r = redis_server.client()
+    assert r.exists(f"precompile:blob:{{{digest}}}:74") and r.getrange(f"precompile:blob:{{{digest}}}", 0, 4) == b"PCB1K"
     got = cache.get_blob(digest)
     assert len(got) == len(data) and digest_bytes(got) == digest
     del data, got
