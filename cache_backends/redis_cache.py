@@ -13,11 +13,11 @@ Key layout (``P`` is the key prefix, default ``precompile``; see DESIGN.md, "Cac
 
 Every key of one blob carries the hash tag ``{<digest>}``, so in a Redis Cluster a blob lives on one slot and
 its chunks are read in one pipelined round trip per node.  Blobs are stored as zstd frames (raw where zstd saves
-little) split into chunks of at most ``chunk_size`` bytes, so a blob may exceed Redis's 512 MiB string limit;
-a chunked read fetches the next batch of chunks while it decompresses and hashes the last one.  A blob is written chunks first, head
-last, and the head is what makes it exist; a ref is written by callers only after every blob it names.  Every
-read is verified against the digest: a head or chunk that is missing, garbled or does not hash right is a
-miss, counted under ``errors``, and deleted (unless read-only) so the next writer replaces it.
+little) split into chunks of at most ``chunk_size`` bytes, so a blob may exceed Redis's 512 MiB string limit; a
+chunked read fetches the next batch of chunks while it decompresses and hashes the last one.  A blob is written
+chunks first, head last, and the head is what makes it exist; a ref is written by callers only after every blob
+it names.  Every read is verified against the digest: a head or chunk that is missing, garbled or does not hash
+right is a miss, counted under ``errors``, and deleted (unless read-only) so the next writer replaces it.
 
 A serving worker opens the cache with ``read_only=1``: it never writes (no TTL refresh, no repair, no counters
 unless ``counters=1``), which also works with a Redis ACL user allowed only read commands, e.g.

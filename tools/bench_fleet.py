@@ -25,10 +25,10 @@ value bytes = ``STRLEN`` of every string key plus field and value lengths of eve
 ``INFO memory`` ``used_memory_dataset`` minus its value on the empty server.
 
 Throughput part.  On one more server (``--proto-max-bulk-len 1gb``): for 1, 8, 64 and 512 MiB of random bytes,
-``RedisCache.get_blob`` (``open_cache("redis://...")``: chunked, raw where zstd does not pay, sha256-verified) against one
-redis-py ``GET`` of the same bytes stored under one plain key; median of 3 reads each, MiB/s (both clients
-with a 120 s socket timeout).  The 1-minute load average at start and end is reported: other work sharing the
-cores shows in the wall and CPU seconds.
+``RedisCache.get_blob`` (``open_cache("redis://...")``: chunked, raw where zstd does not pay, sha256-verified)
+against one redis-py ``GET`` of the same bytes stored under one plain key; median of 3 reads each, MiB/s (both
+clients with a 120 s socket timeout).  The 1-minute load average at start and end is reported: other work
+sharing the cores shows in the wall and CPU seconds.
 
     python tools/bench_fleet.py --workers 4,8
     python tools/bench_fleet.py --workers 2 --skip-throughput --json
