@@ -197,6 +197,45 @@ class Artifact:
             return out[0]
         return out
 
+    def warmup(self) -> bool:
+        """Run the compiled graph once on zero-filled user inputs, so that the libraries its kernels call (cuBLAS
+        and cuDNN on a GPU, oneDNN on a CPU) set themselves up now instead of on the first real call.  Their
+        set-up is most of a first call: 0.2 s against a 2 ms steady call for the GPU Llama of
+        docs/benchmarks.md.  Bound placeholders (:meth:`bind`) are used as they are; each user input is a
+        tensor of zeros with its recorded shape, stride, dtype and device (zeros are valid token ids and masks).
+
+        Returns:
+            True if it ran; False, with the reason logged at INFO and nothing run, when the graph writes to an
+            input, a parameter or buffer is not bound, or an input's shape is symbolic.
+        """
+        why = ""
+        if self.manifest.build.get("mutated_inputs"):
+            why = "the graph writes to its inputs"
+        flat: list[Any] = []
+        for i, spec in enumerate(self.manifest.placeholders):
+            if why:
+                break
+            if i in self._bound:
+                flat.append(self._bound[i])
+            elif spec["kind"] != "user_input":
+                why = f"{spec['kind']} {spec.get('fqn')!r} is not bound"
+            elif spec.get("type") == "tensor" and all(isinstance(d, int) for d in [*spec["shape"], *spec["stride"]]):
+                dtype = getattr(torch, spec["dtype"])
+                device = spec["device"]
+                if device == "cuda":
+                    device = torch.device("cuda", torch.cuda.current_device())
+                flat.append(torch.empty_strided(spec["shape"], spec["stride"], dtype=dtype, device=device).zero_())
+            elif spec.get("type") in ("int", "float", "bool") and spec.get("value") is not None:
+                flat.append(spec["value"])
+            else:
+                why = f"input {spec['name']} has no fixed shape or value"
+        if why:
+            log.info("no warm-up for artifact %s: %s", self.key[:12], why)
+            return False
+        with torch.no_grad():
+            self.engine(*flat)
+        return True
+
     def _note_misaligned(self, flat: list[Any]) -> None:
         for i in self._aligned_assumed:
             t = flat[i]
@@ -362,7 +401,7 @@ def check_environment(manifest: Manifest) -> None:
 
 
 def load(path_or_key: str | os.PathLike[str], *, cache: str | Cache | None = None,
-         weights: Mapping[str, torch.Tensor] | torch.nn.Module | None = None) -> Artifact:
+         weights: Mapping[str, torch.Tensor] | torch.nn.Module | None = None, warmup: bool = False) -> Artifact:
     """Load an artifact from a file, an unpacked directory, or a cache by key.
 
     Args:
@@ -370,6 +409,8 @@ def load(path_or_key: str | os.PathLike[str], *, cache: str | Cache | None = Non
             look up in ``cache``.
         cache: cache URL or open cache for a key (default: ``$PRECOMPILE_CACHE`` / the local default).
         weights: optional weights to :meth:`Artifact.bind` (a module or ``{fqn: tensor}``).
+        warmup: run :meth:`Artifact.warmup` before returning (counted in ``load_seconds``), so that the first
+            real call costs about as much as any other.
 
     Returns:
         the artifact; its engine is built on the first call.
@@ -393,6 +434,8 @@ def load(path_or_key: str | os.PathLike[str], *, cache: str | Cache | None = Non
     if weights is not None:
         art.bind(weights)
     art.engine  # build the callable now: load errors surface here, and load_seconds is the whole load
+    if warmup:
+        art.warmup()
     art.load_seconds = time.perf_counter() - start
     return art
 

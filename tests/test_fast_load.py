@@ -226,3 +226,16 @@ def test_gpu_artifact_portable_path_still_loads(tmp_path):
     assert report["engine"] == "portable"
     with torch.no_grad():
         assert_same_output(torch.load(tmp_path / "out.pt"), art(*inputs), rtol=2e-2, atol=2e-2)
+
+
+def test_warmup_runs_once_on_zeros_and_leaves_results_alone(artifacts):
+    """``load(..., warmup=True)`` runs the graph on zero inputs with the bound weights; the caller's later calls
+    are unaffected.  An artifact whose weights are not bound runs nothing and says why."""
+    import precompile
+
+    c = artifacts("export")  # weights bound by name, x is the only user input
+    art = precompile.load(c.art.key, cache=artifacts.cache_url_for("export"), weights=c.model, warmup=True)
+    assert_same_output(art(*c.inputs), c.expected)
+    unbound = precompile.load(artifacts("dynamo").art.key, cache=artifacts.cache_url)
+    assert unbound.warmup() is False  # parameters are placeholders here, and none is bound
+    assert unbound.bind(artifacts("dynamo").model).warmup() is True

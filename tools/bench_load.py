@@ -142,6 +142,7 @@ def phase_load(a: argparse.Namespace, work: Path, which: str, key: str, url: str
     ex = torch.load(work / "inputs.pt", weights_only=False)
     ref = torch.load(work / "ref.pt")
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    _wait_for_go()
     t0 = time.perf_counter()
     if which == "torch":
         fn = torch._inductor.CompiledArtifact.load(path=str(work / "torch.bin"), format="binary")
@@ -149,6 +150,9 @@ def phase_load(a: argparse.Namespace, work: Path, which: str, key: str, url: str
         import precompile
 
         fn = precompile.load(key, cache=url)
+        if which == "ours-warm":  # a worker binds its weights and warms up before taking traffic
+            weights = {s["fqn"]: ex[i] for i, s in enumerate(fn.placeholders) if s["kind"] != "user_input"}
+            fn.bind(weights).warmup()
     t1 = time.perf_counter()
     with torch.no_grad():
         out = fn(*ex)
@@ -157,9 +161,24 @@ def phase_load(a: argparse.Namespace, work: Path, which: str, key: str, url: str
         rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         steady = _steady_ms(fn, ex, a.device, a.calls)
     got = _first(out).detach().cpu()
-    return {"load_s": t1 - t0, "engine": getattr(fn, "engine_kind", "torch"), "first_call_s": t2 - t1, "steady_call_ms": steady,
+    return {"load_s": t1 - t0, "engine": getattr(fn, "engine_kind", "torch"), "first_call_s": t2 - t1,
+            "steady_call_ms": steady,
             "peak_extra_rss_mb": (rss1 - rss0) / 1024, "matches": bool(torch.equal(got, ref)),
             "max_abs_diff": float((got.float() - ref.float()).abs().max())}
+
+
+def _wait_for_go() -> None:
+    """With ``BENCH_READY_DIR``/``BENCH_GO_FILE`` set (the N-at-once run): say ready, then wait for GO, so that
+    the N loads start at the same moment, after every process has imported torch."""
+    ready, go = os.environ.get("BENCH_READY_DIR"), os.environ.get("BENCH_GO_FILE")
+    if not ready or not go:
+        return
+    Path(ready, str(os.getpid())).touch()
+    deadline = time.monotonic() + 600
+    while not os.path.exists(go):
+        if time.monotonic() > deadline:
+            raise SystemExit("GO file never appeared")
+        time.sleep(0.002)
 
 
 def _start_child(a: argparse.Namespace, work: Path, phase: str, env: dict) -> subprocess.Popen:
@@ -210,10 +229,21 @@ def main(argv=None) -> int:
     build.update(_child(a, work, "build-ours", _fresh_env(work, "build-ours")))
     t = _child(a, work, f"torch,{build['key']},{build['cache']}", _fresh_env(work, "torch"))
     o = _child(a, work, f"ours,{build['key']},{build['cache']}", _fresh_env(work, "ours"))
+    w = _child(a, work, f"ours-warm,{build['key']},{build['cache']}", _fresh_env(work, "ours-warm"))
     concurrent = []
     if a.concurrent:
-        procs = [_start_child(a, work, f"ours,{build['key']},{build['cache']}", _fresh_env(work, f"ours{i}"))
+        # all N processes import torch and read their inputs first; then the N loads start together
+        ready, go = work / "ready", work / "go"
+        ready.mkdir(exist_ok=True)
+        procs = [_start_child(a, work, f"ours,{build['key']},{build['cache']}",
+                              {**_fresh_env(work, f"ours{i}"), "BENCH_READY_DIR": str(ready),
+                               "BENCH_GO_FILE": str(go)})
                  for i in range(a.concurrent)]
+        while len(list(ready.iterdir())) < a.concurrent:
+            if any(p.poll() is not None for p in procs):
+                break  # _finish_child reports the failure
+            time.sleep(0.01)
+        go.touch()
         concurrent = [_finish_child(p)["load_s"] for p in procs]
     import torch
 
@@ -232,6 +262,8 @@ def main(argv=None) -> int:
         "artifact_bytes": build["artifact_bytes"], "torch_artifact_bytes": build["torch_artifact_bytes"],
         "kernels": build["kernels"], "placeholders": build["placeholders"],
         "engine": o["engine"],
+        "warm_load_s": w["load_s"], "warm_first_call_s": w["first_call_s"], "warm_steady_call_ms": w["steady_call_ms"],
+        "warm_speedup": t["load_s"] / w["load_s"] if w["load_s"] else None,
     }
     if concurrent:
         result["concurrent_loads"] = len(concurrent)
@@ -264,6 +296,9 @@ def main(argv=None) -> int:
     con.print(table)
     con.print(f"freshly compiled steady call: {result['compiled_call_ms']:.3f} ms; outputs equal to the fresh "
               f"compile: torch {t['matches']}, precompile {o['matches']}; precompile engine: {o['engine']}")
+    con.print(f"with load(warmup=True) (weights bound, one call on zeros inside the load): load "
+              f"{w['load_s']:.3f} s ({result['warm_speedup']:.1f}x faster than torch's), first call "
+              f"{w['first_call_s']:.4f} s, steady {w['steady_call_ms']:.3f} ms")
     if concurrent:
         con.print(f"{len(concurrent)} precompile loads at once: max {max(concurrent):.3f} s, median "
                   f"{statistics.median(concurrent):.3f} s ({result['concurrent_vs_lone']:.2f}x a lone load)")
