@@ -857,7 +857,9 @@ def fast_plan(result: BuildResult, flat_inputs: list[Any]) -> dict[str, Any] | N
     """Decide whether ``result`` can be loaded by the fast path, and validate it.
 
     Returns:
-        ``{"wrapper": name, "extern": {name: "module:qualname"}}`` or None (then loads take the portable path).
+        ``{"wrapper": name, "extern": {name: "module:qualname"}, "source": the wrapper with its imports replaced
+        (what a fast load runs, so a load does not parse the wrapper again)}`` or None (then loads take the
+        portable path).
         The fast callable is built from the in-memory products and its outputs on ``flat_inputs`` must equal
         the fresh callable's bit for bit; a mismatch or any failure means None, with the reason logged.
     """
@@ -912,7 +914,7 @@ def fast_plan(result: BuildResult, flat_inputs: list[Any]) -> dict[str, Any] | N
         return off(f"validation failed: {type(err).__name__}: {err}")
     if not same:
         return off("outputs differ from the freshly compiled callable")
-    return {"wrapper": name, "extern": extern}
+    return {"wrapper": name, "extern": extern, "source": _rewrite_wrapper(source)}
 
 
 def _importable_name(fn: Any) -> str | None:
@@ -931,7 +933,7 @@ def _importable_name(fn: Any) -> str | None:
 
 
 def load_fast(wrapper_source: str, extern: dict[str, str], kernels: dict[str, bytes],
-              inputs_to_check: list[int]) -> Any:
+              inputs_to_check: list[int], *, rewritten: bool = False) -> Any:
     """Build a callable from a wrapper module's source and carried kernel binaries, compiling nothing.
 
     Args:
@@ -940,6 +942,8 @@ def load_fast(wrapper_source: str, extern: dict[str, str], kernels: dict[str, by
         kernels: ``{sha256 of a C++ kernel's source: its .so bytes}``.
         inputs_to_check: inputs Inductor assumed 16-byte aligned: misaligned ones are cloned first, as
             Inductor's own ``copy_misaligned_inputs`` does.
+        rewritten: ``wrapper_source`` is already :func:`_rewrite_wrapper`'s output (``fast_plan``'s ``source``,
+            stored at build), so it is not parsed again (about 0.1 s for a small Llama's wrapper).
 
     Returns:
         ``fn(*flat_inputs) -> tuple of outputs``.
@@ -951,7 +955,7 @@ def load_fast(wrapper_source: str, extern: dict[str, str], kernels: dict[str, by
     """
     import importlib
 
-    src = _rewrite_wrapper(wrapper_source)
+    src = wrapper_source if rewritten else _rewrite_wrapper(wrapper_source)
     if src is None:
         raise ValueError("the wrapper imports Inductor modules the fast path cannot stand in for")
     table = {}

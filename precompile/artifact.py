@@ -368,8 +368,10 @@ def _build_engine(art: Artifact) -> Callable[..., Any]:
         try:
             kernels = {k["source"]: art.blob(next(d for f, d in k["binaries"].items() if f.endswith(".so")))
                        for k in art.manifest.kernels}
-            wrapper = art.blob(art.manifest.parts["wrappers"][fast["wrapper"]]).decode()
-            engine = _inductor.load_fast(wrapper, fast["extern"], kernels, sorted(art._aligned_assumed))
+            rewritten = "source" in fast  # artifacts built before it was stored rewrite the wrapper here
+            wrapper = art.blob(fast["source"] if rewritten else art.manifest.parts["wrappers"][fast["wrapper"]])
+            engine = _inductor.load_fast(wrapper.decode(), fast["extern"], kernels, sorted(art._aligned_assumed),
+                                         rewritten=rewritten)
             art.engine_kind = "fast"
             return engine
         except Exception as err:  # noqa: BLE001 - the portable path is the fallback for any failure
@@ -648,6 +650,8 @@ def _unpacked_layout(manifest: Manifest) -> dict[str, str]:
     paths[parts["engine_payload"]] = "engine/payload.bin"
     for name, d in parts.get("wrappers", {}).items():
         paths.setdefault(d, f"wrappers/{name}.py")
+    if parts.get("fast") and "source" in parts["fast"]:
+        paths.setdefault(parts["fast"]["source"], f"wrappers/{parts['fast']['wrapper']}.fast.py")
     for k in manifest.kernels:
         ext = "cpp" if k["lang"] == "cpp" else "py"
         paths.setdefault(k["source"], f"kernels/{k['name']}.{ext}")

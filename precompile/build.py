@@ -250,7 +250,10 @@ def build(norm: NormalizedGraph, flat: list[Any], plan: dict[str, Any], *, dynam
         calling={"in_spec": norm.in_spec, "out_spec": norm.out_spec, "outputs": _output_kind(norm.gm)},
     )
     engine = result.compiled_fn
-    manifest.parts["fast"] = _inductor.fast_plan(result, flat)
+    fast = _inductor.fast_plan(result, flat)
+    if fast is not None:  # the wrapper as the fast path runs it, imports replaced: loads skip the rewrite
+        fast["source"] = put(fast["source"].encode(), "fast wrapper (imports replaced)")
+    manifest.parts["fast"] = fast
     if manifest.parts["fast"] is None:
         log.info("artifact %s loads through the portable path only", plan["key"][:12])
     return Artifact(manifest, blobs, engine=engine, bound=norm.bound, source="compiled")

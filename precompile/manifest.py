@@ -98,11 +98,12 @@ class Manifest:
         return list(self.blobs)
 
     def load_digests(self) -> list[str]:
-        """The blobs a load needs: kernel binaries, plus the wrapper source when the artifact offers the fast path,
+        """The blobs a load needs: kernel binaries, plus the fast wrapper when the artifact offers the fast path,
         else the engine payload (a fast load that fails reads the payload then).  Not sources, not the graph."""
         out = [d for k in self.kernels for d in k["binaries"].values()]
-        if self.parts.get("fast"):
-            out.append(self.parts["wrappers"][self.parts["fast"]["wrapper"]])
+        fast = self.parts.get("fast")
+        if fast:
+            out.append(fast["source"] if "source" in fast else self.parts["wrappers"][fast["wrapper"]])
         else:
             out.append(self.parts["engine_payload"])
         return out

@@ -61,9 +61,12 @@ def test_cpu_artifact_offers_the_fast_path(dynamo_artifact):
     art, *_ = dynamo_artifact
     fast = art.manifest.parts["fast"]
     assert fast is not None and fast["wrapper"] in art.manifest.parts["wrappers"]
-    # the fast path needs only the wrapper and the binaries besides the payload
+    # the fast path needs only the rewritten wrapper (stored at build) and the binaries, not the payload
     needed = set(art.manifest.load_digests())
-    assert art.manifest.parts["wrappers"][fast["wrapper"]] in needed
+    assert fast["source"] in needed and art.manifest.parts["engine_payload"] not in needed
+    rewritten = art.blob(fast["source"]).decode()
+    original = art.blob(art.manifest.parts["wrappers"][fast["wrapper"]]).decode()
+    assert rewritten == _inductor._rewrite_wrapper(original) and rewritten != original and "= __pc." in rewritten
     assert all(d in needed for k in art.manifest.kernels for d in k["binaries"].values())
 
 
