@@ -13,7 +13,10 @@ In one run, for one model and shape:
    ``precompile.load(key, cache=...)``, reading the cache included.
 
 Outputs of both loads are compared with the fresh compile's.  Peak extra resident memory of each load is
-``ru_maxrss`` after the first call minus before the load.
+``ru_maxrss`` after the first call minus before the load.  Also: a warm load (``load`` + ``bind`` +
+``warmup()``, its first call); N loads at once (``--concurrent N``: the processes import torch first, then start
+their loads on one GO file); and the steady call of the loaded callable against the fresh compile's, called
+alternately in the build process (``paired_steady_ms``), which cancels the machine's noise.
 
     python tools/bench_load.py --model llama --shape 1x32
     python tools/bench_load.py --model tools.recipes:transformer_blocks --shape 4x128 --json
@@ -71,6 +74,23 @@ def _steady_ms(fn, args, device: str, calls: int) -> float:
         _sync(device)
         times.append((time.perf_counter() - t) * 1e3)
     return statistics.median(times)
+
+
+def _paired_ms(a_fn, b_fn, args, device: str, calls: int) -> tuple[float, float]:
+    """Median ms of ``a_fn`` and of ``b_fn`` called alternately in one process (A, B, A, B...), so that both
+    see the same machine noise: the fair way to compare two callables' steady calls."""
+    for _ in range(3):
+        a_fn(*args)
+        b_fn(*args)
+    times: tuple[list[float], list[float]] = ([], [])
+    for _ in range(calls):
+        for fn, out in ((a_fn, times[0]), (b_fn, times[1])):
+            _sync(device)
+            t = time.perf_counter()
+            fn(*args)
+            _sync(device)
+            out.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(times[0]), statistics.median(times[1])
 
 
 def _first(out):
@@ -131,7 +151,11 @@ def phase_build_ours(a: argparse.Namespace, work: Path) -> dict:
     seconds = time.perf_counter() - t
     with torch.no_grad():
         compiled_ms = _steady_ms(art, ex, a.device, a.calls)
+        # the loaded callable (fast path: carried binaries) against the fresh compile, alternating in one process
+        loaded = precompile.load(art.key, cache=url)
+        fresh_ms, loaded_ms = _paired_ms(art, loaded, ex, a.device, max(a.calls, 100))
     return {"precompile_compile_s": seconds, "precompile_compiled_call_ms": compiled_ms, "key": art.key,
+            "paired_fresh_ms": fresh_ms, "paired_loaded_ms": loaded_ms, "paired_engine": loaded.engine_kind,
             "cache": url, "artifact_bytes": art.manifest.total_bytes(), "kernels": len(art.manifest.kernels),
             "placeholders": len(art.manifest.placeholders)}
 
@@ -256,6 +280,9 @@ def main(argv=None) -> int:
         "torch_first_call_s": t["first_call_s"], "first_call_s": o["first_call_s"],
         "torch_steady_call_ms": t["steady_call_ms"], "steady_call_ms": o["steady_call_ms"],
         "compiled_call_ms": build["compiled_call_ms"],
+        "paired_steady_ms": {"fresh_compile": build["paired_fresh_ms"], "loaded": build["paired_loaded_ms"],
+                             "loaded_engine": build["paired_engine"]},
+        "paired_loaded_vs_fresh": build["paired_loaded_ms"] / build["paired_fresh_ms"],
         "torch_peak_extra_rss_mb": t["peak_extra_rss_mb"], "peak_extra_rss_mb": o["peak_extra_rss_mb"],
         "outputs_match": {"torch": t["matches"], "precompile": o["matches"]},
         "max_abs_diff": {"torch": t["max_abs_diff"], "precompile": o["max_abs_diff"]},
@@ -296,6 +323,9 @@ def main(argv=None) -> int:
     con.print(table)
     con.print(f"freshly compiled steady call: {result['compiled_call_ms']:.3f} ms; outputs equal to the fresh "
               f"compile: torch {t['matches']}, precompile {o['matches']}; precompile engine: {o['engine']}")
+    con.print(f"steady call, loaded vs fresh compile alternating in one process: {build['paired_loaded_ms']:.3f} vs "
+              f"{build['paired_fresh_ms']:.3f} ms ({100 * (result['paired_loaded_vs_fresh'] - 1):+.1f}%, "
+              f"{build['paired_engine']} engine)")
     con.print(f"with load(warmup=True) (weights bound, one call on zeros inside the load): load "
               f"{w['load_s']:.3f} s ({result['warm_speedup']:.1f}x faster than torch's), first call "
               f"{w['first_call_s']:.4f} s, steady {w['steady_call_ms']:.3f} ms")
