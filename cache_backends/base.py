@@ -20,12 +20,16 @@ write, logs it once and counts it: the user's call never fails because of the ca
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
+from collections import Counter
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from typing import Final
 
 import zstandard
+
+log = logging.getLogger("precompile.cache")
 
 #: Names of the counters every backend keeps.
 #: ``waits``: a miss served by waiting for another worker's build; ``takeovers``: a build started after another
@@ -93,6 +97,22 @@ def check_name(name: str, what: str = "digest") -> str:
     if not isinstance(name, str) or not HEX64.match(name):
         raise ValueError(f"a {what} must be 64 lowercase hex characters, got {name!r}")
     return name
+
+
+def add_counts(pending: Counter[str], counts: dict[str, int]) -> None:
+    """Add ``counts`` to ``pending`` (a backend's counts not yet persisted); a value that is not an integer is
+    logged and ignored, never raised (counting never fails a call)."""
+    for name, value in counts.items():
+        try:
+            if value:
+                pending[str(name)] += int(value)
+        except (TypeError, ValueError):
+            log.warning("ignored counter %s=%r: not an integer", name, value)
+
+
+def ordered_counters(values: Counter[str] | dict[str, int]) -> dict[str, int]:
+    """Every counter of :data:`COUNTERS` (0 if absent) in that order, then any other name, sorted."""
+    return {name: values.get(name, 0) for name in (*COUNTERS, *sorted(set(values) - set(COUNTERS)))}
 
 
 def hit_rate(counters: dict[str, int]) -> float:

@@ -46,7 +46,17 @@ from urllib.parse import parse_qsl, quote, unquote, urlsplit
 import filelock
 import zstandard
 
-from cache_backends.base import COUNTERS, HEX64, MISS, Cache, _Miss, check_name, decompress_frame, digest_bytes
+from cache_backends.base import (
+    HEX64,
+    MISS,
+    Cache,
+    _Miss,
+    add_counts,
+    check_name,
+    decompress_frame,
+    digest_bytes,
+    ordered_counters,
+)
 from cache_backends.options import parse_bool, parse_level, parse_positive_int, parse_seconds
 from precompile import config
 from precompile.errors import CacheError, CacheReadOnlyError, CacheUnavailableError, CacheURLError
@@ -600,12 +610,7 @@ class LocalCache(Cache):
         ``hits``, ``misses`` and ``builds`` are counted by the artifact layer.
         """
         with self._pending_lock:
-            for name, value in counts.items():
-                try:
-                    if value:
-                        self._pending[str(name)] += int(value)
-                except (TypeError, ValueError):
-                    log.warning("ignored counter %s=%r: not an integer", name, value)
+            add_counts(self._pending, counts)
             if self._configured_read_only or not self._pending:
                 return
             try:
@@ -614,7 +619,7 @@ class LocalCache(Cache):
                 with lock:
                     current = Counter(self._read_stats())
                     current.update(self._pending)
-                    doc = {name: current.get(name, 0) for name in (*COUNTERS, *sorted(set(current) - set(COUNTERS)))}
+                    doc = ordered_counters(current)
                     # atomic but not fsynced: counters are not worth an fsync per call; a file a crash left
                     # empty reads as zeros (with a warning), it never breaks the cache
                     self._write_atomic(self._stats_path, json.dumps(doc, indent=1).encode(), fsync=False)
@@ -636,7 +641,7 @@ class LocalCache(Cache):
             stored = Counter()
         with self._pending_lock:
             stored.update(self._pending)
-        return {name: stored.get(name, 0) for name in (*COUNTERS, *sorted(set(stored) - set(COUNTERS)))}
+        return ordered_counters(stored)
 
     def stats(self) -> dict[str, object]:
         """Counters, ``hit_rate`` (0..1), ``url``, ``backend``, ``root``, ``bytes_stored`` (compressed bytes in

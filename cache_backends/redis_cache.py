@@ -50,14 +50,15 @@ import zstandard
 
 from cache_backends.base import (
     _MAX_RATIO,
-    COUNTERS,
     HEX64,
     MISS,
     Cache,
     _Miss,
+    add_counts,
     check_name,
     decompress_frame,
     digest_bytes,
+    ordered_counters,
 )
 from cache_backends.options import (
     parse_bool,
@@ -726,12 +727,7 @@ class RedisCache(Cache):
         cannot be written (read-only, server down) are kept in this process, shown by :meth:`counters` and
         retried on the next call."""
         with self._lock:
-            for name, value in counts.items():
-                try:
-                    if value:
-                        self._pending[str(name)] += int(value)
-                except (TypeError, ValueError):
-                    log.warning("ignored counter %s=%r: not an integer", name, value)
+            add_counts(self._pending, counts)
             if not self.write_counters or not self._pending or time.monotonic() < self._down_until:
                 return
             pending = dict(self._pending)
@@ -764,7 +760,7 @@ class RedisCache(Cache):
             log.debug("counters of %s unreadable: %s", self.url, err)
         with self._lock:
             stored.update(self._pending)
-        return {name: stored.get(name, 0) for name in (*COUNTERS, *sorted(set(stored) - set(COUNTERS)))}
+        return ordered_counters(stored)
 
     def stats(self) -> dict[str, object]:
         """Counters, ``hit_rate``, ``url``, ``backend``, ``prefix``, ``ttl_s``, ``chunk_bytes``, ``read_only``

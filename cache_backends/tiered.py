@@ -84,6 +84,21 @@ class TieredCache(Cache):
                 pass
             return default
 
+    def _write_both(self, what: str, write: Callable[[Cache], object]) -> None:
+        """``write(local)``, then ``write(remote)`` unless the remote is read-only (its failure logged and counted).
+
+        Raises:
+            CacheError: the local write's error, when the remote write did not succeed either.
+        """
+        local_err: CacheError | None = None
+        try:
+            write(self.local)
+        except CacheError as err:
+            local_err = err
+        remote_ok = not self.remote.read_only and self._remote(what, lambda: (write(self.remote), True)[1], False)
+        if local_err is not None and not remote_ok:
+            raise local_err
+
     def _backfill(self, blobs: dict[str, bytes]) -> None:
         if self.local.read_only:
             return
@@ -144,15 +159,7 @@ class TieredCache(Cache):
         actual = digest_bytes(data)
         if digest is not None and digest != actual:
             raise ValueError(f"put_blob: digest {digest} given, but the data hashes to {actual}")
-        local_err: CacheError | None = None
-        try:
-            self.local.put_blob(data, actual)
-        except CacheError as err:
-            local_err = err
-        remote_ok = not self.remote.read_only and self._remote(
-            f"writing blob {actual[:12]}", lambda: self.remote.put_blob(data, actual), None) is not None
-        if local_err is not None and not remote_ok:
-            raise local_err
+        self._write_both(f"writing blob {actual[:12]}", lambda c: c.put_blob(data, actual))
         return actual
 
     # ------------------------------------------------------------------------------------------------- refs
@@ -197,15 +204,7 @@ class TieredCache(Cache):
         Raises:
             CacheError: the local tier failed and so did the remote.
         """
-        local_err: CacheError | None = None
-        try:
-            self.local.set_ref(key, digest)
-        except CacheError as err:
-            local_err = err
-        ok = not self.remote.read_only and self._remote(
-            f"writing ref {key[:12]}", lambda: (self.remote.set_ref(key, digest), True)[1], False)
-        if local_err is not None and not ok:
-            raise local_err
+        self._write_both(f"writing ref {key[:12]}", lambda c: c.set_ref(key, digest))
 
     def delete_ref(self, key: str) -> bool:
         """Remove ``key`` from both tiers (a broken artifact is broken everywhere); True if either had it."""
