@@ -33,9 +33,11 @@ log = logging.getLogger("precompile.cache")
 
 #: Names of the counters every backend keeps.
 #: ``waits``: a miss served by waiting for another worker's build; ``takeovers``: a build started after another
-#: worker's lease expired (a dead or stalled builder).
+#: worker's lease expired (a dead or stalled builder); ``loads_fast`` / ``loads_portable``: artifacts from this
+#: cache whose callable was built by the fast path (carried binaries) or the portable path (Inductor's cache
+#: entries, the slow fallback; the manifest's ``build.fast_off`` says why).
 COUNTERS: Final = ("hits", "misses", "builds", "puts", "bytes_read", "bytes_written", "errors", "evictions",
-                   "waits", "takeovers")
+                   "waits", "takeovers", "loads_fast", "loads_portable")
 
 #: A digest or an artifact key: 64 lowercase hex characters.
 HEX64: Final = re.compile(r"^[0-9a-f]{64}$")

@@ -12,108 +12,15 @@ import torch
 
 from cache_backends.base import Cache, digest_bytes
 from precompile import __version__, config, fingerprint
-from precompile.artifact import Artifact, _safe_incr, load_from_cache, store, warn_once
+from precompile.artifact import Artifact
+from precompile.cache_io import load_from_cache, safe_incr, store, warn_once
 from precompile.coordination import get_or_build
-from precompile.errors import BuildError, CacheError, InputMismatchError, OptionsError, PrecompileError
-from precompile.graph import NormalizedGraph, canonical_graph, canonical_json, graph_to_json, normalize_graph, readable_code
+from precompile.errors import BuildError, CacheError, PrecompileError
+from precompile.graph import NormalizedGraph, canonical_json, readable_code
 from precompile.manifest import Manifest
+from precompile.plan import DYNAMIC_SHAPES, Plan, compute_key, input_specs, prepare  # noqa: F401 - re-exported
 
 log = logging.getLogger("precompile")
-
-DYNAMIC_SHAPES = ("from_example_inputs", "from_tracing_context", "from_graph")
-
-
-def input_specs(norm: NormalizedGraph, flat_inputs: Sequence[Any], dynamic_shapes: str) -> list[dict[str, Any]]:
-    """One spec per placeholder: name, kind, fqn, type, shape, stride, dtype, device, requires_grad, aligned.
-
-    Shapes are ints, or strings naming a symbol (``"s0"``) for dims the graph keeps dynamic (only with
-    ``dynamic_shapes`` ``"from_graph"``/``"from_tracing_context"``, read from the placeholder's fake value).
-    ``aligned`` is whether the example tensor's data pointer is a multiple of 16 bytes.
-
-    Raises:
-        InputMismatchError: the number of example inputs differs from the number of placeholders, or an input
-            is neither a tensor nor a number.
-    """
-    nodes = [n for n in norm.gm.graph.nodes if n.op == "placeholder"]
-    if len(flat_inputs) != len(nodes):
-        raise InputMismatchError(f"the graph has {len(nodes)} placeholders but {len(flat_inputs)} example inputs "
-                                 f"were given; placeholders: {', '.join(n.name for n in nodes[:12])}")
-    specs = []
-    for node, info, value in zip(nodes, norm.placeholders, flat_inputs):
-        spec: dict[str, Any] = {"name": info.name, "kind": info.kind, "fqn": info.fqn}
-        if isinstance(value, torch.Tensor):
-            shape: list[Any] = list(value.shape)
-            stride: list[Any] = list(value.stride())
-            if dynamic_shapes != "from_example_inputs":
-                fake = node.meta.get("val", node.meta.get("example_value"))
-                if isinstance(fake, torch.Tensor):
-                    shape = [int(d) if isinstance(d, int) else str(d) for d in fake.shape]
-                    stride = [int(d) if isinstance(d, int) else str(d) for d in fake.stride()]
-            spec.update({
-                "type": "tensor", "shape": shape, "stride": stride,
-                "dtype": str(value.dtype).removeprefix("torch."), "device": value.device.type,
-                "requires_grad": bool(value.requires_grad), "aligned": value.data_ptr() % 16 == 0,
-            })
-        elif isinstance(value, (int, float, bool, torch.SymInt, torch.SymFloat)):
-            spec.update({"type": type(value).__name__.lower().removeprefix("sym"),
-                         "value": value if dynamic_shapes == "from_example_inputs" and isinstance(value, (int, float))
-                         else None})
-        else:
-            raise InputMismatchError(f"example input for placeholder {info.name!r} is a {type(value).__name__}; "
-                                     "inputs must be tensors or numbers")
-        specs.append(spec)
-    return specs
-
-
-def _key_inputs(specs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    drop = ("name", "fqn")
-    return [{k: v for k, v in s.items() if k not in drop} for s in specs]
-
-
-def compute_key(factors: dict[str, Any]) -> str:
-    """The artifact key: sha256 hex of the canonical JSON of ``factors``."""
-    return digest_bytes(canonical_json(factors))
-
-
-def prepare(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, dynamic_shapes: str,
-            options: dict[str, Any] | None) -> tuple[NormalizedGraph, list[Any], dict[str, Any]]:
-    """Normalize the graph and compute everything the key needs, without compiling.
-
-    Returns:
-        ``(normalized, flat_inputs, plan)``; ``plan`` holds ``key``, ``factors``, ``specs``, ``graph_json``,
-        ``options`` (normalized), ``env`` (the fingerprint's key fields) and ``devices``.
-
-    Raises:
-        ValueError: ``dynamic_shapes`` is not one of the three accepted values.
-        OptionsError: ``options`` names no Inductor option or holds a value a key cannot store.
-        UnserializableGraphError: the graph holds a part that cannot be serialized (named in the message).
-        InputMismatchError: example inputs do not line up with the placeholders.
-    """
-    if dynamic_shapes not in DYNAMIC_SHAPES:
-        raise ValueError(f"dynamic_shapes must be one of {DYNAMIC_SHAPES}, got {dynamic_shapes!r}")
-    from precompile import _inductor
-
-    try:
-        opts = _inductor.inductor_config_overrides(options)
-    except (KeyError, TypeError) as err:
-        raise OptionsError(str(err.args[0]) if err.args else str(err)) from err
-    norm, flat = normalize_graph(gm, list(example_inputs))
-    graph_json = graph_to_json(norm.gm)
-    specs = input_specs(norm, flat, dynamic_shapes)
-    devices = {s["device"] for s in specs if s.get("type") == "tensor"} or {"cpu"}
-    env = fingerprint.environment(devices, full=False)  # key fields only; build() records the rest
-    factors = {
-        "format": config.FORMAT_VERSION,
-        "graph": digest_bytes(canonical_json(canonical_graph(graph_json))),
-        "inputs": _key_inputs(specs),
-        "options": opts,
-        "env": fingerprint.key_fields(env),
-        "dynamic_shapes": dynamic_shapes,
-        "calling": [norm.in_spec, norm.out_spec],
-    }
-    plan = {"key": compute_key(factors), "factors": factors, "specs": specs, "graph_json": graph_json,
-            "options": opts, "env": env, "devices": devices}
-    return norm, flat, plan
 
 
 def standalone_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
@@ -127,7 +34,11 @@ def standalone_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], 
         example_inputs: what ``gm`` is called with: tensors (any dtype/device) and ints.
         dynamic_shapes: as ``torch._inductor.standalone_compile``: ``"from_example_inputs"`` specializes on
             the example shapes; ``"from_graph"`` keeps the graph's symbolic shapes; ``"from_tracing_context"``
-            uses the ambient tracing context's (inside a ``torch.compile`` backend).
+            uses the ambient tracing context's (inside a ``torch.compile`` backend).  A symbolic artifact
+            serves every size its guards allow (each symbol's range, and what the compile assumed), checked on
+            every call.
+        The ambient state that changes what Inductor produces (grad mode, autocast, deterministic algorithms,
+        default dtype, matmul precision: :mod:`precompile.ambient`) is read now and is part of the key.
         options: Inductor config patches, as ``torch.compile(options=...)``, e.g. ``{"max_autotune": True}``.
         cache: a cache URL or open cache.  Given, this is get-or-build: a hit loads the stored artifact and
             runs no Inductor compile; a miss compiles and stores.  With a cache that has build leases (Redis,
@@ -147,8 +58,8 @@ def standalone_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], 
     from cache_backends.registry import open_cache
 
     config.engine_mode()  # a bad PRECOMPILE_ENGINE is the caller's error, not a failed load to rebuild over
-    norm, flat, plan = prepare(gm, example_inputs, dynamic_shapes=dynamic_shapes, options=options)
-    key = plan["key"]
+    norm, plan = prepare(gm, example_inputs, dynamic_shapes=dynamic_shapes, options=options)
+    key = plan.key
     c = None
     if cache is not None:
         try:
@@ -156,7 +67,7 @@ def standalone_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], 
         except CacheError as err:
             log.warning("cache %s cannot be opened (%s); compiling without it", cache, err)
     if c is None:
-        return build(norm, flat, plan, dynamic_shapes=dynamic_shapes)
+        return build(norm, plan)
 
     def load_stored() -> Artifact | None:
         start = time.perf_counter()
@@ -169,43 +80,48 @@ def standalone_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], 
         except Exception as err:  # noqa: BLE001 - a stored artifact that does not load is rebuilt
             warn_once(c, f"artifact {key[:12]} from {c.url} failed to load ({type(err).__name__}: {err}); "
                          "rebuilding it", kind="engine load")
-            _safe_incr(c, errors=1)
+            safe_incr(c, errors=1)
             return None
         art.load_seconds = time.perf_counter() - start
         log.info("cache hit %s (%s) in %.3f s", key[:12], c.url, art.load_seconds)
         return art
 
     def build_and_store() -> Artifact:
-        art = build(norm, flat, plan, dynamic_shapes=dynamic_shapes)
-        _safe_incr(c, builds=1)
+        art = build(norm, plan)
+        safe_incr(c, builds=1)
         if store(c, art):
             log.info("stored %s in %s (%d bytes)", key[:12], c.url, art.manifest.total_bytes())
         return art
 
     art, outcome = get_or_build(c, key, load_stored, build_and_store)
     if outcome == "hit":
-        _safe_incr(c, hits=1)
+        safe_incr(c, hits=1)
     art.outcome = outcome
     return art
 
 
-def build(norm: NormalizedGraph, flat: list[Any], plan: dict[str, Any], *, dynamic_shapes: str) -> Artifact:
+def build(norm: NormalizedGraph, plan: Plan) -> Artifact:
     """Run Inductor on a prepared graph and assemble the artifact (manifest + blobs).  See :func:`prepare`.
 
     Raises:
-        BuildError: Inductor failed or produced nothing that can be stored.
+        BuildError: Inductor failed or produced nothing that can be stored, or the size guards of a symbolic
+            graph cannot be written down (then nothing could check its calls).
     """
-    from precompile import _inductor
+    from precompile.inductor import compile as inductor_compile
+    from precompile.inductor.fast_plan import fast_plan
+    from precompile.inductor.products import NotSaveableError
 
-    log.info("compiling %s (%d placeholders)", plan["key"][:12], len(plan["specs"]))
+    log.info("compiling %s (%d placeholders)", plan.key[:12], len(plan.specs))
     try:
-        result = _inductor.compile_graph(norm.gm, flat, dynamic_shapes=dynamic_shapes, options=plan["options"])
-    except _inductor.NotSaveableError as err:
+        result = inductor_compile.compile_graph(norm.gm, plan.compile_inputs, plan.run_inputs,
+                                                dynamic_shapes=plan.dynamic_shapes, options=plan.options)
+    except NotSaveableError as err:
         raise BuildError(f"Inductor compiled the graph but it cannot be stored: {err}") from err
     except PrecompileError:
         raise
     except Exception as err:
         raise BuildError(f"Inductor failed to compile the graph: {type(err).__name__}: {err}") from err
+    shapes, more_inputs = _shapes_after_compile(plan)
 
     blobs: dict[str, bytes] = {}
     roles: dict[str, dict[str, Any]] = {}
@@ -216,11 +132,11 @@ def build(norm: NormalizedGraph, flat: list[Any], plan: dict[str, Any], *, dynam
         roles.setdefault(d, {"size": len(data), "role": role})
         return d
 
-    graph_text = canonical_json(plan["graph_json"])
     parts: dict[str, Any] = {
         "fx_graph": {"code": put(readable_code(norm.gm).encode(), "fx graph code"),
-                     "graph": put(graph_text, "fx graph (serialized)")},
+                     "graph": put(canonical_json(plan.graph_json), "fx graph (serialized)")},
         "engine_payload": put(result.engine_payload, "engine payload (Inductor cache entries)"),
+        "inductor_config": put(plan.inductor_config, "Inductor's effective config"),
         "wrappers": {name: put(src.encode(), f"wrapper {name}") for name, src in result.wrappers.items()},
     }
     kernels = []
@@ -233,30 +149,104 @@ def build(norm: NormalizedGraph, flat: list[Any], plan: dict[str, Any], *, dynam
             "config": k.config,
         })
     alignment = []
-    for i, spec in enumerate(plan["specs"]):
+    for i, spec in enumerate(plan.specs):
         if spec.get("type") != "tensor":
             continue
         assumed = i in result.inputs_to_check
         alignment.append({"index": i, "name": spec["name"], "aligned_at_build": spec["aligned"],
                           "inductor_assumes_aligned": assumed,
-                          "at_run_time": "checked; cloned if misaligned" if assumed else "no assumption"})
-    manifest = Manifest(
-        key=plan["key"], factors=plan["factors"], placeholders=plan["specs"], parts=parts, kernels=kernels,
-        autotune={"kernels": {k["name"]: k["config"] for k in kernels if k["config"]}, "other": result.autotune},
-        alignment=alignment, env=fingerprint.environment(plan["devices"]), blobs=roles,
-        build={"seconds": round(result.compile_seconds, 3), "created": datetime.now(timezone.utc).isoformat(),
-               "precompile": __version__, "mutated_inputs": result.mutated_inputs,
-               "inductor_files": len(result.cache_files)},
-        calling={"in_spec": norm.in_spec, "out_spec": norm.out_spec, "outputs": _output_kind(norm.gm)},
-    )
-    engine = result.compiled_fn
-    fast = _inductor.fast_plan(result, flat)
+                          "at_run_time": ("checked; copied if misaligned" + (
+                              ", and the graph's writes copied back" if i in result.mutated_inputs else ""))
+                          if assumed else "no assumption"})
+    fast, fast_off = fast_plan(result, plan.run_inputs, more_inputs)
     if fast is not None:  # the wrapper as the fast path runs it, imports replaced: loads skip the rewrite
         fast["source"] = put(fast["source"].encode(), "fast wrapper (imports replaced)")
-    manifest.parts["fast"] = fast
-    if manifest.parts["fast"] is None:
-        log.info("artifact %s loads through the portable path only", plan["key"][:12])
-    return Artifact(manifest, blobs, engine=engine, bound=norm.bound, source="compiled")
+    else:
+        log.info("artifact %s loads through the portable path only: %s", plan.key[:12], fast_off)
+    parts["fast"] = fast
+    manifest = Manifest(
+        key=plan.key, factors=plan.factors, placeholders=plan.specs, parts=parts, kernels=kernels,
+        autotune={"kernels": {k["name"]: k["config"] for k in kernels if k["config"]}, "other": result.autotune,
+                  "multi_kernel": result.multi_kernel},
+        alignment=alignment, env=fingerprint.environment(plan.devices), blobs=roles,
+        build={"seconds": round(result.compile_seconds, 3), "created": datetime.now(timezone.utc).isoformat(),
+               "precompile": __version__, "mutated_inputs": result.mutated_inputs,
+               "inductor_files": len(result.cache_files), "fast_off": fast_off},
+        calling={"in_spec": norm.in_spec, "out_spec": norm.out_spec, "outputs": _output_kind(norm.gm)},
+        shapes=shapes,
+    )
+    return Artifact(manifest, blobs, engine=result.compiled_fn, bound=norm.bound, source="compiled")
+
+
+def _shapes_after_compile(plan: Plan) -> tuple[dict[str, Any], list[list[Any]]]:
+    """The manifest's ``shapes`` (each symbol's range after the compile and example value, and the size guards)
+    and input sets at other sizes inside the guards to validate the fast path on; empty for a static graph.
+
+    Raises:
+        BuildError: the guards cannot be written down or do not hold for the example inputs.
+    """
+    if plan.symbols is None:
+        return {}, []
+    from precompile.guards import Guards, GuardSyntaxError
+    from precompile.inductor import shapes, shim
+
+    try:
+        text = shapes.guards(plan.symbols, plan.fake_values)
+        guards = Guards(text, [s["name"] for s in plan.specs]) if text else None
+    except (ValueError, GuardSyntaxError) as err:
+        raise BuildError(f"the size guards of this symbolic graph cannot be stored ({err}); compile it with "
+                         "dynamic_shapes='from_example_inputs' for one size") from err
+    if guards is not None and guards.failures(plan.run_inputs):
+        raise BuildError(f"the size guards do not hold for the example inputs: {guards.failures(plan.run_inputs)}")
+    ranges = shim.symbol_ranges(plan.symbols.shape_env)
+    symbols = {name: {"range": list(ranges.get(orig, plan.symbols.ranges[name])), "hint": plan.symbols.hints.get(name)}
+               for orig, name in plan.symbols.names.items()}
+    return {"symbols": symbols, "guards": text}, _other_sizes(plan, guards, symbols)
+
+
+def _other_sizes(plan: Plan, guards: Any, symbols: dict[str, Any]) -> list[list[Any]]:
+    """One input set at other symbol values inside the guards (the first of hint+1, 2*hint, hint+7, the lower
+    bound that passes), tensors of the new sizes filled with seeded random floats and zero integers; or none."""
+    from precompile.inductor import shapes
+
+    hints = {n: s["hint"] for n, s in symbols.items()}
+    if any(not isinstance(h, int) for h in hints.values()):
+        return []
+    gen = torch.Generator().manual_seed(0)
+    for step in (lambda h: h + 1, lambda h: 2 * h, lambda h: h + 7, None):
+        at = {}
+        for name, h in hints.items():
+            lo, hi = symbols[name]["range"]
+            v = step(h) if step else (lo if lo is not None else h)
+            at[name] = min(max(v, lo if lo is not None else v), hi if hi is not None else v)
+        if at == hints:
+            continue
+        try:
+            inputs = _inputs_at(plan, shapes.sizes_at(plan.fake_values, plan.symbols, at), gen)
+        except (RuntimeError, ValueError, TypeError) as err:  # e.g. sizes an overlapping layout cannot take
+            log.debug("no validation inputs at sizes %s: %s", at, err)
+            continue
+        if guards is None or not guards.failures(inputs):
+            return [inputs]
+    return []
+
+
+def _inputs_at(plan: Plan, sizes: list[Any], gen: torch.Generator) -> list[Any]:
+    inputs: list[Any] = []
+    for value, size in zip(plan.run_inputs, sizes):
+        if size is None:
+            inputs.append(value)
+        elif isinstance(size, int):
+            inputs.append(size)
+        else:
+            shape, stride = size
+            t = torch.empty_strided(shape, stride, dtype=value.dtype, device=value.device)
+            if t.is_floating_point():
+                t.copy_(torch.randn(t.shape, generator=gen).to(t.dtype))
+            else:
+                t.zero_()
+            inputs.append(t)
+    return inputs
 
 
 def _output_kind(gm: torch.fx.GraphModule) -> str:

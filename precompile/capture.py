@@ -54,13 +54,16 @@ class Backend:
     Attributes:
         cache: cache URL or open cache (None: ``$PRECOMPILE_CACHE`` or the local default).
         options: Inductor config patches for every graph.
-        dynamic_shapes: passed to :func:`precompile.standalone_compile`.
+        dynamic_shapes: passed to :func:`precompile.standalone_compile`; None (the default) picks per graph:
+            ``"from_tracing_context"`` for a graph Dynamo captured with symbolic sizes (``mark_dynamic``, or
+            automatic dynamic shapes after a recompile), so the artifact serves every size Dynamo will call it
+            with, else ``"from_example_inputs"``.
         records: one :class:`GraphRecord` per graph compiled or loaded, in order.
     """
 
     cache: str | Cache | None = None
     options: dict[str, Any] | None = None
-    dynamic_shapes: str = "from_example_inputs"
+    dynamic_shapes: str | None = None
     records: list[GraphRecord] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -79,8 +82,8 @@ class Backend:
 
         start = time.perf_counter()
         try:
-            art = standalone_compile(gm, example_inputs, dynamic_shapes=self.dynamic_shapes, options=self.options,
-                                     cache=self.cache)
+            mode = self.dynamic_shapes or _mode_for(gm, example_inputs)
+            art = standalone_compile(gm, example_inputs, dynamic_shapes=mode, options=self.options, cache=self.cache)
         except (OptionsError, InputMismatchError):
             raise  # the caller's mistake: the same with or without precompile
         except PrecompileError as err:
@@ -99,8 +102,17 @@ class Backend:
         return art
 
 
+def _mode_for(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> str:
+    """``"from_tracing_context"`` if the graph has symbolic sizes, else ``"from_example_inputs"``."""
+    from precompile.inductor import shapes
+
+    symbolic = any(isinstance(x, torch.SymInt) for x in example_inputs) or \
+        shapes.symbols_of(shapes.fake_values(gm)) is not None
+    return "from_tracing_context" if symbolic else "from_example_inputs"
+
+
 def backend(cache: str | Cache | None = None, *, options: dict[str, Any] | None = None,
-            dynamic_shapes: str = "from_example_inputs") -> Backend:
+            dynamic_shapes: str | None = None) -> Backend:
     """A ``torch.compile`` backend compiling through ``cache``: ``torch.compile(m, backend=backend(...))``.
 
     Raises:

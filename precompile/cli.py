@@ -66,6 +66,9 @@ _cache_option = click.option("--cache", "cache_url", default=None, metavar="URL"
 @_cache_option
 @click.option("-j", "--jobs", default=1, show_default=True, type=click.IntRange(1, 256), help="Parallel processes.")
 @click.option("--device", default="cpu", show_default=True)
+@click.option("--threads", type=click.IntRange(1, 1024), default=None,
+              help="CPU threads the C++ kernels are built for, a key factor (default: this machine's torch thread "
+                   "count, what a serving process here uses).")
 @click.option("--dtype", default=None, help="float32 (default), bfloat16 or float16.")
 @click.option("--options", "options_json", default=None, help='Inductor options as JSON, e.g. \'{"max_autotune": true}\'.')
 @click.option("--shard", default=None, metavar="I/N",
@@ -73,7 +76,7 @@ _cache_option = click.option("--cache", "cache_url", default=None, metavar="URL"
 @click.option("--dry-run", is_flag=True, help="Print this shard's jobs and exit; nothing is compiled.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result rows as JSON instead of a table.")
 def warmup(recipes: tuple[str, ...], shapes: str, config_text: str | None, cache_url: str | None, jobs: int,
-           device: str, dtype: str | None, options_json: str | None, shard: str | None, dry_run: bool,
+           device: str, threads: int | None, dtype: str | None, options_json: str | None, shard: str | None, dry_run: bool,
            as_json: bool) -> None:
     """Compile RECIPES (minilm, llama, qwen2, gpt2, bert, or module:function) for every shape into a cache.
 
@@ -124,7 +127,7 @@ def warmup(recipes: tuple[str, ...], shapes: str, config_text: str | None, cache
                 rows.extend(got)
             progress.update(task, advance=1, description=f"{job.recipe} {job.shape}")
 
-        run_jobs(job_list, jobs, on_done)
+        run_jobs(job_list, jobs, on_done, threads=threads)
     wall = time.perf_counter() - start
     rows.sort(key=lambda r: (r["recipe"], r["shape"], r["graph"]))
     if as_json:
@@ -190,6 +193,8 @@ def ls_cmd(cache_url: str | None, as_json: bool) -> None:
             "placeholders": len(m["placeholders"]), "devices": devices,
             "inputs": [f"{'x'.join(map(str, p.get('shape', [])))}:{p.get('dtype', p.get('type'))}" for p in user],
             "options": m["factors"].get("options", {}),
+            "engine": "fast" if m["parts"].get("fast") else "portable",
+            "fast_off": m["build"].get("fast_off"),
         })
     if as_json:
         click.echo(json.dumps(items))
@@ -197,13 +202,14 @@ def ls_cmd(cache_url: str | None, as_json: bool) -> None:
     from rich.table import Table
 
     table = Table(title=f"{len(items)} artifacts in {cache.url}")
-    for col in ("key", "inputs", "device", "kernels", "bytes", "build s", "options", "created"):
+    for col in ("key", "inputs", "device", "engine", "kernels", "bytes", "build s", "options", "created"):
         table.add_column(col)
     for it in items:
         if "error" in it:
-            table.add_row(it["key"][:16], f"[red]{it['error']}", "", "", "", "", "", "")
+            table.add_row(it["key"][:16], f"[red]{it['error']}", "", "", "", "", "", "", "")
             continue
-        table.add_row(it["key"][:16], " ".join(it["inputs"]), ",".join(it["devices"]), str(it["kernels"]),
+        engine = "fast" if it["engine"] == "fast" else f"[yellow]portable[/] ({(it['fast_off'] or '')[:40]})"
+        table.add_row(it["key"][:16], " ".join(it["inputs"]), ",".join(it["devices"]), engine, str(it["kernels"]),
                       human_bytes(it["bytes"]), f"{it['build_seconds']:.1f}", json.dumps(it["options"]) if it["options"] else "",
                       (it["created"] or "")[:19])
     _console().print(table)
@@ -220,16 +226,16 @@ def read_manifest(target: str, cache_url: str | None) -> tuple[dict[str, Any], s
 
     from cache_backends.base import MISS
     from cache_backends.registry import open_cache
-    from precompile import artifact
+    from precompile import formats
     from precompile.errors import ArtifactFormatError
 
     p = Path(target)
     try:
         if p.is_dir():
-            manifest, _ = artifact._read_unpacked(p)
+            manifest, _ = formats.read_unpacked(p)
             return manifest.to_dict(), str(p)
         if p.is_file():
-            manifest, _ = artifact._read_binary(p)
+            manifest, _ = formats.read_binary(p)
             return manifest.to_dict(), str(p)
     except ArtifactFormatError as err:
         raise click.ClickException(str(err)) from err
@@ -262,6 +268,24 @@ def inspect(target: str, cache_url: str | None, as_json: bool) -> None:
     con.print(f"[bold]artifact[/] {m['key']}  (from {where})")
     con.print(f"built {m['build'].get('created')} in {m['build'].get('seconds')} s by precompile "
               f"{m['build'].get('precompile')}; {len(blobs)} blobs, {human_bytes(sum(b['size'] for b in blobs.values()))}")
+    fast = m["parts"].get("fast")
+    if fast:
+        con.print("load: [green]fast path[/] (carried binaries, nothing compiled)"
+                  + (f"; writes to inputs {fast['mutated']}" if fast.get("mutated") else "")
+                  + (f"; custom ops {[o['op'] for o in fast['ops']]}" if fast.get("ops") else ""))
+    else:
+        con.print(f"load: [yellow]portable path only[/] ({m['build'].get('fast_off') or 'no reason recorded'})")
+    shapes = m.get("shapes") or {}
+    if shapes.get("symbols"):
+        con.print("symbolic sizes: " + ", ".join(
+            f"{n} in [{s['range'][0]}, {'inf' if s['range'][1] is None else s['range'][1]}] (example {s.get('hint')})"
+            for n, s in shapes["symbols"].items()) + f"; guards: {shapes.get('guards')}")
+    at = Table(title="ambient state (key factors)")
+    at.add_column("setting")
+    at.add_column("value")
+    for k, v in (m["factors"].get("ambient") or {}).items():
+        at.add_row(k, json.dumps(v))
+    con.print(at)
 
     parts = Table(title="parts")
     for col in ("part", "digest", "size"):
@@ -283,6 +307,8 @@ def inspect(target: str, cache_url: str | None, as_json: bool) -> None:
     con.print(kt)
     if m["autotune"].get("other"):
         con.print("other autotune picks:", json.dumps(m["autotune"]["other"], sort_keys=True))
+    if m["autotune"].get("multi_kernel"):
+        con.print("multi-kernel picks (sub-kernel index):", json.dumps(m["autotune"]["multi_kernel"], sort_keys=True))
 
     it = Table(title="inputs and alignment")
     for col in ("#", "placeholder", "kind", "fqn", "shape", "dtype", "device", "aligned", "inductor assumes"):
@@ -307,6 +333,8 @@ def inspect(target: str, cache_url: str | None, as_json: bool) -> None:
     ft.add_column("factor")
     ft.add_column("value")
     for k, v in m["factors"].items():
+        if k == "ambient":
+            continue  # its own table above
         text = json.dumps(v, sort_keys=True)
         ft.add_row(k, text if len(text) < 160 else text[:157] + "...")
     con.print(ft)

@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 
 #: Version of the artifact format (manifest schema, container layout).  Part of every artifact key.
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 #: Default size cap of a local cache directory, in bytes.
 DEFAULT_LOCAL_MAX_BYTES = 20 * 1024**3

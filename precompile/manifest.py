@@ -22,18 +22,28 @@ class Manifest:
     Attributes:
         key: the artifact key, 64 hex chars: sha256 of the canonical encoding of ``factors``.
         factors: what the key hashes: ``graph`` (digest of the canonical graph), ``inputs`` (input specs
-            without names), ``options`` (normalized Inductor config patches), ``env`` (key fields of the
-            fingerprint), ``dynamic_shapes``, ``calling`` (pytree specs) and ``format``.
-        placeholders: per input: name, kind, fqn, shape, stride, dtype, device, requires_grad, aligned.
-        parts: digests of the graph, wrapper modules, engine payload (``{"fx_graph": {...}, ...}``), and
-            ``fast``: ``{"wrapper", "extern"}`` when the artifact loads without Inductor, else None.
+            without names; symbolic sizes as expressions over ``s0``, ``s1``...), ``symbols`` (each size
+            symbol's range), ``options`` (normalized Inductor config patches), ``inductor_config`` (digest of
+            Inductor's whole effective config, part ``inductor_config``), ``ambient`` (grad mode, autocast,
+            deterministic algorithms, default dtype, matmul precision...: :mod:`precompile.ambient`), ``env``
+            (key fields of the fingerprint), ``dynamic_shapes`` (``"static"`` or ``"symbolic"``), ``calling``
+            (pytree specs) and ``format``.
+        placeholders: per input: name, kind, fqn, type; tensors: shape, stride (ints or size expressions),
+            dtype, device, requires_grad, aligned; numbers: ``value`` (specialized) or ``size`` (an expression).
+        parts: digests of the graph, wrapper modules, engine payload, effective Inductor config
+            (``{"fx_graph": {...}, ...}``), and ``fast``: what a fast load needs (``wrapper``, ``source``,
+            ``extern``, ``ops``, ``multi_kernel``, ``mutated``, ``defers_alignment``), or None when the artifact
+            loads through the portable path only (``build["fast_off"]`` says why).
         kernels: per kernel: name, lang, source digest, binaries ``{file: digest}``, relpaths, config.
         autotune: autotune picks: ``{"kernels": {name: config}, "other": {...}}``.
         alignment: per input: whether it was 16-byte aligned at build, and whether Inductor assumed so.
         env: the full environment fingerprint (key fields and recorded-only fields).
         blobs: ``{digest: {"size": bytes, "role": str}}`` for every blob the artifact references.
-        build: facts about the build (seconds, created, precompile version); never part of the key.
+        build: facts about the build (seconds, created, precompile version, mutated inputs, ``fast_off``: why
+            there is no fast path, or None); never part of the key.
         calling: ``{"in_spec", "out_spec"}`` pytree specs for export modules, else None values.
+        shapes: ``{"symbols": {name: {"range": [lower, upper], "hint": example value}}, "guards": expression
+            over ``L['t<i>']`` or None}`` (:mod:`precompile.guards`); empty for static graphs.
         schema: the format version.
     """
 
@@ -48,10 +58,11 @@ class Manifest:
     blobs: dict[str, dict[str, Any]]
     build: dict[str, Any] = field(default_factory=dict)
     calling: dict[str, Any] = field(default_factory=dict)
+    shapes: dict[str, Any] = field(default_factory=dict)
     schema: int = config.FORMAT_VERSION
 
     _FIELDS = ("schema", "key", "factors", "placeholders", "parts", "kernels", "autotune", "alignment", "env",
-               "blobs", "build", "calling")
+               "blobs", "build", "calling", "shapes")
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict of every field."""

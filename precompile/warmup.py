@@ -76,13 +76,19 @@ def _run_job_in_worker(job: Job, threads: int) -> list[dict[str, Any]]:
     return run_job(job, threads)
 
 
-def run_jobs(jobs: list[Job], n_procs: int, on_done: Callable[[Job, list[dict[str, Any]] | None, BaseException | None], None]
-             ) -> None:
+def run_jobs(jobs: list[Job], n_procs: int, on_done: Callable[[Job, list[dict[str, Any]] | None, BaseException | None], None],
+             threads: int | None = None) -> None:
     """Run ``jobs`` in ``n_procs`` spawned worker processes (in this process if ``n_procs`` is 1).
 
-    ``on_done(job, rows, error)`` is called in this process as each job finishes.
+    ``on_done(job, rows, error)`` is called in this process as each job finishes.  Every worker compiles for
+    ``threads`` CPU threads (default: this process's ``torch.get_num_threads()``, what a serving process on
+    this machine uses), whatever ``n_procs`` is: Inductor builds its C++ kernels for the thread count, and the
+    thread count is a key factor, so workers that compiled for fewer threads would store artifacts no serving
+    process here looks up.
     """
-    threads = max(1, (os.cpu_count() or 1) // max(1, n_procs))
+    import torch
+
+    threads = threads or torch.get_num_threads()
     if n_procs <= 1:
         for job in jobs:
             try:

@@ -1,0 +1,131 @@
+"""Artifacts in a cache: read verified (a damaged entry is a miss and is dropped), written blobs-then-ref."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import torch
+
+from cache_backends.base import MISS, Cache
+from precompile.errors import ArtifactFormatError, ArtifactNotFoundError, CacheError
+from precompile.manifest import Manifest
+
+if TYPE_CHECKING:  # pragma: no cover
+    from precompile.artifact import Artifact
+
+log = logging.getLogger("precompile")
+
+
+def load_from_cache(key: str, cache: str | Cache | None, *, bound: dict[int, torch.Tensor] | None = None,
+                    check_env: bool = True) -> Artifact | None:
+    """The artifact stored under ``key``, or None on a miss.
+
+    Reads the ref, the manifest and the blobs a load needs (engine payload, binaries), all verified by the
+    backend, and checks that the other parts exist (they are read, and verified, when used).  A ref whose
+    manifest or blobs are missing or corrupt is a miss: the ref is dropped so the next build replaces it.  Cache
+    failures are misses too (logged once, counted under ``errors``).
+
+    Raises:
+        EnvironmentMismatchError: only if ``check_env`` and the stored manifest's key fields differ from here
+            (impossible for a key computed here, possible for a key copied from elsewhere).
+    """
+    from cache_backends.registry import open_cache
+
+    c = open_cache(cache)
+    try:
+        digest = c.get_ref(key)
+        if digest is MISS:
+            return None
+        raw = c.get_blob(digest)
+        if raw is MISS:
+            _drop_ref(c, key, "its manifest blob is missing or corrupt")
+            return None
+        manifest = Manifest.from_json(raw)
+        if manifest.key != key:
+            _drop_ref(c, key, f"its manifest names another key {manifest.key[:12]}")
+            return None
+        needed = manifest.load_digests()
+        got = c.get_blobs(needed)
+        lost = [d for d, v in got.items() if v is MISS]
+        # parts a load does not read (sources, graph, wrappers) are read lazily; they must at least exist, or an
+        # entry whose part was found corrupt (and dropped) on a lazy read would be served forever, never whole
+        rest = [d for d in manifest.part_digests() if d not in got]
+        lost += [d for d, ok in c.has_blobs(rest).items() if not ok]
+        if lost:
+            _drop_ref(c, key, f"{len(lost)} of its parts are missing or corrupt")
+            return None
+    except (CacheError, ArtifactFormatError) as err:
+        warn_once(c, f"cache {c.url} failed while reading artifact {key[:12]}: {err}; treating it as a miss",
+                  kind=f"read {type(err).__name__}")
+        safe_incr(c, errors=1)
+        return None
+    from precompile.artifact import Artifact, check_environment
+
+    if check_env:
+        check_environment(manifest)
+
+    def reader(digests: list[str]) -> dict[str, bytes]:
+        found = c.get_blobs(digests)
+        return {d: v for d, v in found.items() if v is not MISS}
+
+    try:
+        return Artifact(manifest, got, bound=bound, source="cache", blob_reader=reader, cache=c)
+    except ArtifactFormatError as err:  # a manifest whose digests check but whose specs or guards do not parse
+        _drop_ref(c, key, str(err))
+        return None
+
+
+def _drop_ref(cache: Cache, key: str, why: str) -> None:
+    # corrupt blobs were already counted under ``errors`` by the backend that dropped them
+    log.warning("cache entry %s in %s is unusable (%s); dropping it so it is rebuilt", key[:12], cache.url, why)
+    try:
+        cache.delete_ref(key)
+    except CacheError:
+        pass
+
+
+def safe_incr(cache: Cache, **counts: int) -> None:
+    """``cache.incr(**counts)``, never raising: a counter that cannot be updated is logged at debug level."""
+    try:
+        cache.incr(**counts)
+    except Exception as err:  # noqa: BLE001 - counters must never fail a call
+        log.debug("counter update failed on %s: %s", cache.url, err)
+
+
+_warned: set[tuple[str, str]] = set()
+
+
+def warn_once(cache: Cache, message: str, kind: str | None = None) -> None:
+    """Log ``message`` as a warning once per cache URL and ``kind`` (default: the message's first 40 characters);
+    repeats go to the debug level.  Give a ``kind`` for messages that name an artifact key, so that a cache that
+    fails the same way for every key is reported once, not once per key."""
+    tag = (cache.url, kind or message[:40])
+    if tag not in _warned:
+        _warned.add(tag)
+        log.warning(message)
+    else:
+        log.debug(message)
+
+
+def store(cache: Cache, art: Artifact) -> bool:
+    """Write every blob of ``art``, then its manifest, then its ref (so no reader sees a partial artifact).
+
+    Returns:
+        True if stored; False if the cache refused (read-only, unavailable): logged once, counted, never
+        raised.
+    """
+    try:
+        # put_blob of a blob already there writes nothing but refreshes it, so a concurrent eviction's grace
+        # period protects it until the ref below lands
+        for digest, data in art.all_blobs().items():
+            cache.put_blob(data, digest)
+        cache.set_ref(art.key, cache.put_blob(art.manifest.to_json()))
+        return True
+    except (CacheError, ArtifactNotFoundError) as err:
+        warn_once(cache, f"could not store artifact {art.key[:12]} in {cache.url}: {err}",
+                  kind=f"store {type(err).__name__}")
+        safe_incr(cache, errors=1)
+        return False
+
+

@@ -1,0 +1,71 @@
+"""The callable behind a stored artifact: the fast path where the manifest offers one, else the portable path.
+
+The fast path (:func:`precompile.inductor.runtime.load_fast`) runs Inductor's wrapper with the carried binaries
+and compiles nothing; the portable path (:func:`precompile.inductor.portable.load_engine`) reloads Inductor's
+own cache entries.  The manifest records why an artifact offers no fast path (``build.fast_off``); a fast load
+that fails falls back to the portable path with a warning.  Loads are counted in the artifact's cache
+(``loads_fast``, ``loads_portable``), so ``precompile stats`` shows how a fleet loads.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from precompile import config
+
+if TYPE_CHECKING:  # pragma: no cover
+    from precompile.artifact import Artifact
+
+log = logging.getLogger("precompile")
+
+
+def build_engine(art: Artifact) -> Callable[..., Any]:
+    """The callable for ``art`` (flat inputs in, outputs out); sets ``art.engine_kind`` to ``"fast"`` or
+    ``"portable"`` and counts the load in ``art.cache``.
+
+    Raises:
+        ArtifactNotFoundError: a part the load needs cannot be read.
+        ValueError / ImportError / OSError: the portable path failed too (the artifact cannot run here).
+    """
+    from precompile.cache_io import safe_incr
+
+    fast = art.manifest.parts.get("fast")
+    if fast and config.engine_mode() == "auto":
+        try:
+            engine = _load_fast(art, fast)
+            art.engine_kind = "fast"
+            if art.cache is not None:
+                safe_incr(art.cache, loads_fast=1)
+            return engine
+        except Exception as err:  # noqa: BLE001 - the portable path is the fallback for any failure
+            log.warning("fast load of artifact %s failed (%s: %s); using the portable path", art.key[:12],
+                        type(err).__name__, err)
+    elif not fast:
+        log.info("artifact %s loads through the portable path: %s", art.key[:12],
+                 art.manifest.build.get("fast_off") or "it offers no fast path")
+    from precompile.inductor import portable
+
+    binaries: dict[str, bytes] = {}
+    for k in art.manifest.kernels:
+        for fname, digest in k["binaries"].items():
+            rel = k.get("relpaths", {}).get(fname)
+            if rel:
+                binaries[rel] = art.blob(digest)
+    engine = portable.load_engine(art.blob(art.manifest.parts["engine_payload"]), binaries)
+    art.engine_kind = "portable"
+    if art.cache is not None:
+        safe_incr(art.cache, loads_portable=1)
+    return engine
+
+
+def _load_fast(art: Artifact, fast: dict[str, Any]) -> Callable[..., Any]:
+    from precompile.inductor.runtime import load_fast
+
+    kernels = {k["source"]: art.blob(next(d for f, d in sorted(k["binaries"].items()) if f.endswith(".so")))
+               for k in art.manifest.kernels}
+    return load_fast(art.blob(fast["source"]).decode(), kernels, extern=fast.get("extern"), ops=fast.get("ops"),
+                     multi_kernel=fast.get("multi_kernel"), inputs_to_check=sorted(art._aligned_assumed),
+                     mutated=fast.get("mutated") or [], defers_alignment=bool(fast.get("defers_alignment")),
+                     rewritten=True)

@@ -1,0 +1,212 @@
+"""The version shim: every access to a private Inductor, AOTAutograd, ShapeEnv or launcher API, one function each.
+
+precompile supports torch 2.11 (the GPU machine) through 2.13 (CI).  Where those versions differ, the difference
+is handled here and nowhere else; the rest of ``precompile.inductor`` calls these functions.  A torch upgrade
+starts by running the test suite and fixing what breaks in this file (see README.md in this package).
+
+Functions that the load path uses (:func:`static_cuda_launcher`, :func:`launcher_function_handle`,
+:func:`set_pyobject_tensor_data_ptr`) import nothing from ``torch._inductor``: a fast load must not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any
+
+import torch
+
+#: Inductor's allocation alignment of planned buffers, bytes (``torch._inductor.utils.ALIGN_BYTES``).
+ALIGN_BYTES = 64
+
+#: What the fast path puts in place of each ``from torch._inductor... import name`` of a wrapper module:
+#: ``(module, name) -> attribute of the fast runtime``.  A wrapper importing anything else is not run fast.
+FAST_IMPORTS = {
+    ("torch._inductor.hooks", "run_intermediate_hooks"): "run_intermediate_hooks",
+    ("torch._inductor.utils", "maybe_profile"): "maybe_profile",
+    ("torch._inductor.codegen.memory_planning", "_align"): "align",
+    ("torch._inductor.async_compile", "AsyncCompile"): "AsyncCompile",
+    ("torch._inductor.select_algorithm", "extern_kernels"): "extern_kernels",
+    ("torch._inductor.runtime.triton_heuristics", "start_graph"): "noop",
+    ("torch._inductor.runtime.triton_heuristics", "end_graph"): "noop",
+}
+
+
+# ------------------------------------------------------------------------------------------------ config
+def config_entries() -> dict[str, Any]:
+    """``{dotted name: config entry}`` of every Inductor config option (entries have a ``default``)."""
+    from torch._inductor import config
+
+    return config._config
+
+
+def effective_config(patches: dict[str, Any]) -> dict[str, Any]:
+    """Inductor's effective config with ``patches`` applied, as Inductor's own FX graph cache key sees it
+    (``save_config_portable``: options that only name paths, thread pools or logging are left out)."""
+    from torch._inductor import config
+
+    with config.patch(patches):
+        return config.save_config_portable()
+
+
+# ----------------------------------------------------------------------------------------------- compile
+def clear_caches() -> None:
+    """Forget Inductor's in-memory code caches, so that the next compile reads nothing built earlier."""
+    from torch._inductor.utils import clear_caches as clear
+
+    clear()
+
+
+def standalone_compile(gm: torch.fx.GraphModule, example_inputs: list[Any], dynamic_shapes: str,
+                       config_patches: dict[str, Any]) -> tuple[Any, bytes | None, list[str]]:
+    """Run ``torch._inductor.standalone_compile``.
+
+    Returns:
+        ``(compiled callable, serialized cache artifacts or None, AOTAutograd cache keys)``; the callable takes
+        the flat inputs as positional arguments.
+    """
+    # torch's ``options`` are compile_fx keyword arguments; config patches go in ``config_patches``
+    art = torch._inductor.standalone_compile(gm, example_inputs, dynamic_shapes=dynamic_shapes,
+                                             options={"config_patches": dict(config_patches)})
+    artifacts = getattr(art, "_artifacts", None)
+    if artifacts is None:
+        return art._compiled_fn, None, []
+    payload, cache_info = artifacts
+    return art._compiled_fn, payload, list(cache_info.aot_autograd_artifacts)
+
+
+def cache_dir() -> str:
+    """Inductor's cache directory (``TORCHINDUCTOR_CACHE_DIR`` or its default)."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir as inductor_cache_dir
+
+    return inductor_cache_dir()
+
+
+def load_cache_entries(aot_key: str, cache_bytes: bytes) -> Any:
+    """The compiled callable of AOTAutograd cache entry ``aot_key`` after loading ``cache_bytes`` (what
+    ``CompiledArtifact.load`` does)."""
+    torch.compiler.load_cache_artifacts(cache_bytes)
+    from torch._inductor.standalone_compile import CacheCompiledArtifact
+
+    return CacheCompiledArtifact._load_impl(contextlib.nullcontext(), aot_key)._compiled_fn
+
+
+def loaded_wrapper_modules() -> list[Any]:
+    """Every wrapper ("output code") module Inductor loaded in this process, oldest first."""
+    from torch._inductor.codecache import PyCodeCache
+
+    mods = list(getattr(PyCodeCache, "modules", None) or [])
+    return mods + list((getattr(PyCodeCache, "modules_no_attr", None) or {}).values())
+
+
+def extern_kernel(name: str) -> Any:
+    """The object a wrapper's ``extern_kernels.<name>`` refers to, or None."""
+    from torch._inductor.select_algorithm import extern_kernels
+
+    return getattr(extern_kernels, name, None)
+
+
+# ------------------------------------------------------------------------------------------ shapes, guards
+def fake_value(node: torch.fx.Node) -> Any:
+    """The fake value (FakeTensor, SymInt, int) Dynamo or export recorded for an FX node, or None."""
+    return node.meta.get("val", node.meta.get("example_value"))
+
+
+def shape_env_of(values: list[Any]) -> Any:
+    """The ShapeEnv behind the first symbolic size among ``values`` (fake tensors and SymInts), or None."""
+    for v in values:
+        sizes = [v] if isinstance(v, torch.SymInt) else (
+            [*v.shape, *v.stride()] if isinstance(v, torch.Tensor) else [])
+        for s in sizes:
+            if isinstance(s, torch.SymInt):
+                return s.node.shape_env
+    return None
+
+
+def symbol_ranges(shape_env: Any) -> dict[str, tuple[int | None, int | None]]:
+    """``{symbol name: (lower, upper)}`` of every size symbol; None for an unbounded end."""
+    import sympy
+    from torch.utils._sympy.numbers import IntInfinity, NegativeIntInfinity
+
+    def bound(x: Any) -> int | None:
+        infinite = isinstance(x, (IntInfinity, NegativeIntInfinity)) or x in (sympy.oo, -sympy.oo)
+        return None if infinite else int(x)
+
+    return {str(sym): (bound(vr.lower), bound(vr.upper)) for sym, vr in shape_env.var_to_range.items()}
+
+
+def symbol_hint(value: Any) -> int | None:
+    """The example value (hint) of a SymInt, or None when it has none (an unbacked size)."""
+    node = getattr(value, "node", None)
+    hint = getattr(node, "hint", None)
+    return int(hint) if hint is not None else None
+
+
+def guards_expression(shape_env: Any, placeholders: list[Any]) -> str | None:
+    """Every condition on the symbolic sizes of ``placeholders`` that the compiled code relies on, as one
+    Python expression over ``L['t<i>']`` (the i-th placeholder's value), or None when there is none.
+
+    This is ``ShapeEnv.produce_guards_expression``, what Inductor's FX graph cache checks before it reuses a
+    graph: each dynamic dim equals its symbol's source, ranges (``2 <= L['t2']``), and the guards Dynamo and
+    Inductor added while tracing and compiling, pruned to those over the placeholders' own symbols (a graph that
+    is one piece of a larger one shares its ShapeEnv, as Inductor's ``get_pruned_guards`` does).  Static dims are
+    left out: precompile checks them itself.
+    """
+    symbols: set[Any] = set()
+    for v in placeholders:
+        sizes = [v] if isinstance(v, torch.SymInt) else (
+            [*v.shape, *v.stride(), v.storage_offset()] if isinstance(v, torch.Tensor) else [])
+        for s in sizes:
+            if isinstance(s, torch.SymInt):
+                symbols |= s.node.expr.free_symbols
+    guards = [g for g in shape_env.guards if g.expr.free_symbols <= symbols]
+    return shape_env.produce_guards_expression(placeholders, guards=guards, ignore_static=True)
+
+
+# -------------------------------------------------------------------------------------- Triton (build side)
+def grid_expr(inductor_meta: dict[str, Any], config: Any) -> Any:
+    """Inductor's launch-grid expressions for a kernel's picked config (``.prefix``, ``.x_grid`` ...)."""
+    from torch._inductor.runtime.triton_heuristics import GridExpr
+
+    return GridExpr.from_meta(inductor_meta, config)
+
+
+def static_launch_description(binary: Any) -> Any:
+    """Inductor's ``StaticallyLaunchedCudaKernel`` for a Triton ``CompiledKernel``.
+
+    Raises:
+        NotImplementedError: the static launcher cannot launch it.
+    """
+    from torch._inductor.runtime.static_triton_launcher import StaticallyLaunchedCudaKernel
+
+    if not hasattr(binary, "_cubin_path"):
+        binary._cubin_path = None
+    return StaticallyLaunchedCudaKernel(binary)
+
+
+# ------------------------------------------------------------------------------------------- load side
+def static_cuda_launcher() -> Any:
+    """torch's static CUDA launcher (``_load_kernel``, ``_launch_kernel``): what Inductor launches cubins with."""
+    return torch._C._StaticCudaLauncher
+
+
+def launcher_function_handle(handles: tuple[Any, ...]) -> Any:
+    """The CUfunction in what ``_StaticCudaLauncher._load_kernel`` returned: torch 2.11 returns
+    ``(function, n_regs, n_spills)``, later versions put the module handle first."""
+    return handles[-3]
+
+
+def set_pyobject_tensor_data_ptr() -> None:
+    """Tell Inductor's C++ kernel prelude where torch keeps a tensor's data pointer (read from the environment
+    when a C++ kernel's module initializes, as Inductor's own loader does)."""
+    os.environ["_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR"] = str(
+        torch._C._dynamo.guards._torchinductor_pyobject_tensor_data_ptr)
+
+
+def custom_op_def(qualname: str) -> Any:
+    """The ``torch.library.custom_op`` definition of operator ``qualname`` (``"ns::name"``), or None."""
+    try:
+        from torch._library.custom_ops import OPDEFS
+    except ImportError:
+        return None
+    return OPDEFS.get(qualname)
