@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from tools import recipes
+
 D = 16
 H = 32
 BATCH = 4
@@ -86,7 +88,7 @@ def key(gm: torch.fx.GraphModule, inputs: list[Any], **kwargs: Any) -> str:
 
     kwargs.setdefault("dynamic_shapes", "from_example_inputs")
     kwargs.setdefault("options", None)
-    return prepare(gm, inputs, **kwargs)[2]["key"]
+    return prepare(gm, inputs, **kwargs)[1].key
 
 
 def all_keys() -> dict[str, str]:
@@ -107,3 +109,84 @@ def report_environment() -> dict[str, Any]:
 
 if __name__ == "__main__":  # python tests/_graphs.py: print the keys and the environment as JSON
     print(json.dumps({"keys": all_keys(), "env": report_environment()}))
+
+
+# ------------------------------------------------------------------------------------ graphs real servers compile
+class DecodeStep(recipes.DecodeStep):
+    """``tools.recipes.DecodeStep`` with its in-place bump and its output combination as custom operators
+    (``tests/_custom_ops.py``): ``pctest::bump_`` writes into the caller's ``counter``."""
+
+    def count(self, counter: torch.Tensor) -> None:
+        import _custom_ops
+
+        _custom_ops.bump_(counter, torch.ones_like(counter))
+
+    def combine(self, a: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        import _custom_ops
+
+        return _custom_ops.scale_add(a, x, 0.5)
+
+
+def decode_step(**kwargs: Any) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
+    """``tools.recipes.decode_step`` with custom operators (:class:`DecodeStep`), ``d`` = :data:`D`."""
+    kwargs.setdefault("d", D)
+    return recipes.decode_step(cls=DecodeStep, **kwargs)
+
+
+def misaligned_like(t: torch.Tensor) -> torch.Tensor:
+    """A copy of contiguous ``t`` whose data pointer is 16-byte misaligned (one element into a larger buffer)."""
+    base = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
+    out = base[1:].view(t.shape).copy_(t)
+    assert out.data_ptr() % 16, "expected a misaligned view"
+    return out
+
+
+def capture(model: torch.nn.Module, inputs: tuple[Any, ...], *, dynamic: tuple[tuple[int, int], ...] = (),
+            grad: bool = False) -> tuple[torch.fx.GraphModule, list[Any]]:
+    """The one graph Dynamo captures for ``model(*inputs)`` with a capturing backend, and its example inputs.
+
+    Args:
+        dynamic: ``(input index, dim)`` pairs marked dynamic (``torch._dynamo.mark_dynamic``).
+        grad: capture with grad enabled (default: under ``torch.no_grad()``, as inference is served).
+
+    The model runs once on copies of the tensor inputs (it may write to them).
+    """
+    import contextlib
+
+    graphs = []
+
+    def grab(gm, example_inputs):
+        graphs.append((gm, list(example_inputs)))
+        return gm.forward
+
+    args = [a.clone() if isinstance(a, torch.Tensor) else a for a in inputs]
+    for i, dim in dynamic:
+        torch._dynamo.mark_dynamic(args[i], dim)
+    torch._dynamo.reset()
+    with contextlib.nullcontext() if grad else torch.no_grad():
+        torch.compile(model, backend=grab)(*args)
+    assert len(graphs) == 1, f"expected one Dynamo graph, got {len(graphs)}"
+    return graphs[0]
+
+
+def user_inputs(art: Any, by_name: dict[str, Any]) -> list[Any]:
+    """``by_name`` values in the order of the artifact's user-input placeholders (Dynamo names ``x`` ``l_x_``;
+    tensor placeholders left unmatched take the remaining values in order); a size placeholder (``s33``, spec
+    ``size`` ``"s0"``) gets the matching dim of a tensor it sizes, a specialized one its value."""
+    specs = [p for p in (art.placeholders if hasattr(art, "placeholders") else art) if p["kind"] == "user_input"]
+    values: dict[str, Any] = {}
+    for p in specs:
+        name = p["name"].removeprefix("l_").removesuffix("_")
+        if name in by_name or p["name"] in by_name:
+            values[p["name"]] = by_name[name] if name in by_name else by_name[p["name"]]
+    rest = iter(v for k, v in by_name.items() if not any(v is w for w in values.values()))
+    for p in specs:  # Dynamo names the argument of a module called directly ``l_args_0_``
+        if p["name"] not in values and p.get("type") == "tensor":
+            values[p["name"]] = next(rest)
+    for p in specs:
+        if p["name"] not in values and isinstance(p.get("size"), str):
+            values[p["name"]] = next(values[q["name"]].shape[j] for q in specs if q["name"] in values
+                                     for j, d in enumerate(q.get("shape") or []) if d == p["size"])
+        elif p["name"] not in values and p.get("value") is not None:
+            values[p["name"]] = p["value"]  # a size the artifact is specialized to
+    return [values[p["name"]] for p in specs]

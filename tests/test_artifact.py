@@ -201,7 +201,7 @@ def test_unpacked_layout(artifacts, saved):
 
 
 def test_binary_file_layout(saved):
-    from precompile.artifact import END, MAGIC
+    from precompile.formats import END, MAGIC
 
     raw = saved("make_fx")["binary"].read_bytes()
     assert raw.startswith(MAGIC) and raw.endswith(END)

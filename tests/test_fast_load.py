@@ -14,7 +14,7 @@ import torch
 
 import precompile
 from conftest import assert_same_output, run_python
-from precompile import _inductor
+from precompile.inductor import cuda_pack, cuda_runtime, runtime
 
 import _graphs
 
@@ -66,7 +66,7 @@ def test_cpu_artifact_offers_the_fast_path(dynamo_artifact):
     assert fast["source"] in needed and art.manifest.parts["engine_payload"] not in needed
     rewritten = art.blob(fast["source"]).decode()
     original = art.blob(art.manifest.parts["wrappers"][fast["wrapper"]]).decode()
-    assert rewritten == _inductor._rewrite_wrapper(original) and rewritten != original and "= __pc." in rewritten
+    assert rewritten == runtime.rewrite_wrapper(original) and rewritten != original and "= __pc." in rewritten
     assert all(d in needed for k in art.manifest.kernels for d in k["binaries"].values())
 
 
@@ -115,18 +115,18 @@ import hashlib, json, sys
 import torch
 torch._C._cuda_getCurrentRawStream = getattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 0)
 before = set(sys.modules)
-from precompile import _inductor
+from precompile.inductor import harvest, runtime
 source = open(sys.argv[1]).read()
-kernels = {hashlib.sha256(text.encode()).hexdigest(): name for name, _, text in _inductor._TRITON_KERNEL.findall(source)}
+kernels = {hashlib.sha256(text.encode()).hexdigest(): name for name, _, text in harvest.TRITON_KERNEL.findall(source)}
 seen = []
 
-class Runtime(_inductor._FastRuntime):
+class Runtime(runtime.FastRuntime):
     def load_triton(self, text):
         seen.append(kernels[hashlib.sha256(text.encode()).hexdigest()])
         return object()
 
-ns = {"__name__": "w", "__pc": Runtime({}, {"addmm": torch.addmm})}
-exec(compile(_inductor._rewrite_wrapper(source), "w", "exec"), ns)
+ns = {"__name__": "w", "__pc": Runtime({}, {"addmm": torch.addmm}, {})}
+exec(compile(runtime.rewrite_wrapper(source), "w", "exec"), ns)
 new = sorted(m for m in set(sys.modules) - before
              if m.startswith(("torch._inductor", "torch._dynamo", "triton", "sympy")))
 print(json.dumps({"seen": seen, "kernels": sorted(kernels.values()), "new_modules": new, "call": callable(ns["call"])}))
@@ -139,7 +139,7 @@ def test_cuda_wrapper_runs_with_stand_ins_only():
     import ast
 
     source = CUDA_WRAPPER.read_text()
-    rewritten = _inductor._rewrite_wrapper(source)
+    rewritten = runtime.rewrite_wrapper(source)
     assert rewritten is not None
     for node in ast.parse(rewritten).body:
         if isinstance(node, (ast.Import, ast.ImportFrom)):
@@ -155,20 +155,20 @@ def test_triton_launcher_computes_the_grid_of_the_picked_config():
               "passed": ["in_ptr0", "out_ptr0", "xnumel"], "arg_tys": "OOiO", "scratch": 1, "num_warps": 8,
               "shared": 64, "grid": ["grid_0 = -((xnumel) // -(32))", "grid_1 = 1", "grid_2 = 1"]}
     calls = []
-    run = _inductor._launcher_function(record, lambda *a: calls.append(a), "FUNCTION")
+    run = cuda_runtime.launcher_function(record, lambda *a: calls.append(a), "FUNCTION")
     run("a", "b", 256, 64, stream=7)  # as the wrapper calls it: .run(buf6, buf11, 256, 64, stream=stream0)
     assert calls == [("FUNCTION", 8, 1, 1, 8, 64, "OOiO", ("a", "b", 256, None), 7)]
 
 
 @pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc to package a kernel")
 def test_launch_binary_carries_the_cubin_and_its_record(tmp_path):
-    record = {"format": _inductor._LAUNCH_FORMAT, "name": "k", "params": ["x"], "passed": ["x"], "grid": []}
+    record = {"format": cuda_runtime.LAUNCH_FORMAT, "name": "k", "params": ["x"], "passed": ["x"], "grid": []}
     cubin = bytes(range(256)) * 40 + b"\0tail"
-    so = _inductor._build_launch_so(shutil.which("gcc"), str(tmp_path), record, cubin)
+    so = cuda_pack.build_launch_so(shutil.which("gcc"), str(tmp_path), record, cubin)
     assert so[:4] == b"\x7fELF"
-    assert _inductor._read_launch_so(so, "0" * 16) == (record, cubin)
+    assert cuda_runtime.read_launch_so(so, "0" * 16) == (record, cubin)
     with pytest.raises(ValueError, match="format"):
-        _inductor._read_launch_so(_inductor._build_launch_so(
+        cuda_runtime.read_launch_so(cuda_pack.build_launch_so(
             shutil.which("gcc"), str(tmp_path), {**record, "format": 99}, cubin), "1" * 16)
 
 

@@ -18,7 +18,8 @@ import torch
 
 import _graphs
 from conftest import python_env, run_python, spawn_python
-from precompile.build import OptionsError, compute_key, prepare
+from precompile.errors import OptionsError
+from precompile.plan import compute_key, prepare
 from precompile.errors import InputMismatchError
 
 KEYS_SNIPPET = ("import json, _graphs; "
@@ -49,9 +50,9 @@ def test_key_is_64_hex_and_deterministic(baseline):
     for kind, key in baseline.items():
         assert len(key) == 64 and all(c in "0123456789abcdef" for c in key), (kind, key)
     assert _graphs.all_keys() == baseline
-    _, _, plan = prepare(*_graphs.graph("dynamo"), dynamic_shapes="from_example_inputs", options=None)
-    assert compute_key(plan["factors"]) == plan["key"] == baseline["dynamo"]
-    json.dumps(plan["factors"])  # stored in the manifest: must be plain JSON
+    _, plan = prepare(*_graphs.graph("dynamo"), dynamic_shapes="from_example_inputs", options=None)
+    assert compute_key(plan.factors) == plan.key == baseline["dynamo"]
+    json.dumps(plan.factors)  # stored in the manifest: must be plain JSON
 
 
 @pytest.mark.slow  # six fresh processes tracing three graphs each: ~20 s on 2 idle cores, more when loaded
@@ -224,9 +225,17 @@ def test_options_change_the_key_and_defaults_do_not(baseline):
     assert key_of(gm, inputs, options={"cpp.simdlen": 8}) != base
 
 
-def test_dynamic_shapes_mode_is_in_the_key(baseline):
+def test_dynamic_shapes_mode_keys_what_it_changes(baseline):
+    """A static graph compiles the same in every mode (one key); a graph with symbolic sizes is specialized by
+    from_example_inputs and kept symbolic by from_graph (two keys, the symbols' ranges a factor)."""
     gm, inputs = _graphs.graph("dynamo")
-    assert key_of(gm, inputs, dynamic_shapes="from_graph") != baseline["dynamo"]
+    assert key_of(gm, inputs, dynamic_shapes="from_graph") == baseline["dynamo"]
+    dyn, example = _graphs.capture(_graphs.mlp(), (_graphs.example(),), dynamic=((0, 0),))
+    _, static = prepare(dyn, example, dynamic_shapes="from_example_inputs", options=None)
+    _, symbolic = prepare(dyn, example, dynamic_shapes="from_graph", options=None)
+    assert static.key != symbolic.key
+    assert (static.factors["dynamic_shapes"], symbolic.factors["dynamic_shapes"]) == ("static", "symbolic")
+    assert symbolic.factors["symbols"] == {"s0": [2, None]} and static.factors["symbols"] == {}
 
 
 # ------------------------------------------------------------------------------------------------- errors

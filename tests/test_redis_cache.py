@@ -282,7 +282,7 @@ def test_tls_with_a_verified_certificate(tmp_path):
 def test_cluster_serves_a_real_artifact(redis_cluster, artifacts):
     import precompile
     from conftest import assert_same_output
-    from precompile.artifact import store
+    from precompile.cache_io import store
 
     c = artifacts("dynamo")
     url = redis_cluster.url(chunk_size="4KiB", prefix="e2e", ttl=600)

@@ -13,7 +13,7 @@ from cache_backends import MISS, open_cache
 from cache_backends.local import LocalCache
 from cache_backends.tiered import TieredCache
 from conftest import assert_same_output
-from precompile.artifact import store
+from precompile.cache_io import store
 from precompile.errors import CacheURLError
 
 
@@ -107,7 +107,7 @@ def test_remote_garbage_is_a_miss_and_never_reaches_the_near_tier(artifacts, tmp
         client.set(key, b"PCB1Z" + b"\x28\xb5\x2f\xfd" + b"garbage" * 10)
     cache = open_cache(tiered_url(tmp_path, redis_server))
     assert cache.get_ref(c.art.key) is not MISS  # the ref itself is fine...
-    assert precompile.artifact.load_from_cache(c.art.key, cache) is None  # ...but nothing it names is
+    assert precompile.cache_io.load_from_cache(c.art.key, cache) is None  # ...but nothing it names is
     near = LocalCache(tmp_path / "near")
     assert near.get_ref(c.art.key) is MISS and near.verify()["ok"]
     assert not any(near.has_blob(d) for d in c.art.manifest.blobs)

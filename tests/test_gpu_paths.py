@@ -1,0 +1,128 @@
+"""The fast path on the GPU for the graphs servers compile: symbolic sizes (Triton grids computed per call for the
+picked config), writes into caller buffers (misaligned ones included), multi-kernel picks and user Triton kernels.
+
+Each artifact is loaded in a fresh process and called on several input sets; outputs and the buffers it writes
+must equal the fresh compile's bit for bit, and no Inductor, Dynamo, Triton or sympy module may be imported on
+the load path.  Skipped without a CUDA GPU (CI has none); run on the GPU machine by tools/gpu_session.sh.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import _graphs
+import precompile
+from conftest import assert_same_output, run_python
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (Triton kernels)")
+
+LOAD_AND_CALL = r"""
+import json, sys
+import torch
+sets = torch.load(sys.argv[2], weights_only=False)
+before = set(sys.modules)
+import precompile
+art = precompile.load(sys.argv[1])
+compile_time = ("torch._inductor", "torch._dynamo", "triton", "sympy")
+at_load = sorted(m for m in set(sys.modules) - before if m.startswith(compile_time))
+results = []
+with torch.no_grad():
+    for inputs in sets:
+        args = [a.clone() if isinstance(a, torch.Tensor) else a for a in inputs]
+        out = art(*args)
+        torch.cuda.synchronize()
+        results.append({"out": out, "args": args})
+torch.save(results, sys.argv[3])
+# modules that compile or load compiled code; a Python custom op's first call imports Dynamo, sympy and parts of
+# Inductor (torch's custom-op machinery), but none of these
+compilers = ("torch._inductor.codecache", "torch._inductor.compile_fx", "triton", "torch._inductor.runtime.triton_heuristics")
+after = sorted(m for m in set(sys.modules) - before if m in compilers)
+print(json.dumps({"engine": art.engine_kind, "new_modules": at_load, "after_calls": after}))
+"""
+
+
+def _roundtrip(art, sets, tmp_path):
+    """Load ``art`` in a fresh process, call it on copies of each input set; compare with the fresh compile."""
+    path = art.save(tmp_path / "a.pc")
+    torch.save(sets, tmp_path / "sets.pt")
+    report = json.loads(run_python(LOAD_AND_CALL, str(path), str(tmp_path / "sets.pt"),
+                                   str(tmp_path / "r.pt")).splitlines()[-1])
+    got = torch.load(tmp_path / "r.pt", weights_only=False)
+    written = art.manifest.build["mutated_inputs"]
+    for i, inputs in enumerate(sets):
+        args = [a.clone() if isinstance(a, torch.Tensor) else a for a in inputs]
+        with torch.no_grad():
+            want = art(*args)  # the fresh compile
+        torch.cuda.synchronize()
+        assert_same_output(got[i]["out"], want, rtol=0, atol=0, where=f"set {i} outputs")
+        for j in written:
+            assert torch.equal(got[i]["args"][j], args[j]), f"set {i}: written input {j} differs"
+    return report
+
+
+def _at_size(art, example, x, n):
+    """``example`` (a Dynamo graph's flat inputs) with the user tensor replaced by ``x`` and sizes by ``n``."""
+    return [x if s["kind"] == "user_input" and s.get("type") == "tensor" else
+            n if isinstance(s.get("size"), str) else v
+            for v, s in zip(example, art.placeholders)]
+
+
+def test_symbolic_batch_runs_fast_with_grids_per_call(tmp_path):
+    model = _graphs.mlp(d=256, h=512, dtype=torch.bfloat16).cuda()
+    x = _graphs.example(batch=64, d=256, dtype=torch.bfloat16).cuda()
+    gm, example = _graphs.capture(model, (x,), dynamic=((0, 0),))
+    with torch.no_grad():
+        art = precompile.standalone_compile(gm, example, dynamic_shapes="from_graph")
+    assert art.manifest.parts["fast"] is not None, art.manifest.build["fast_off"]
+    assert any(k["lang"] == "triton" for k in art.manifest.kernels)
+    sets = [_at_size(art, example, _graphs.example(batch=n, d=256, dtype=torch.bfloat16, seed=n).cuda(), n)
+            for n in (64, 2, 13, 100, 1000)]
+    report = _roundtrip(art, sets, tmp_path)
+    assert report == {"engine": "fast", "new_modules": [], "after_calls": []}
+
+
+def test_decode_step_writes_caller_buffers_on_the_gpu(tmp_path):
+    model, inputs = _graphs.decode_step(batch=4, cache_len=64, d=128, dtype=torch.bfloat16, device="cuda")
+    gm, example = _graphs.capture(model, tuple(inputs.values()))
+    with torch.no_grad():
+        art = precompile.standalone_compile(gm, example)
+    assert art.manifest.parts["fast"] is not None, art.manifest.build["fast_off"]
+    assert len(art.manifest.build["mutated_inputs"]) == 4
+    caches = {i for i, s in enumerate(art.placeholders) if s["name"] in ("l_k_cache_", "l_v_cache_")}
+    misaligned = [_graphs.misaligned_like(v) if i in caches else v for i, v in enumerate(example)]
+    report = _roundtrip(art, [example, misaligned], tmp_path)
+    assert report == {"engine": "fast", "new_modules": [], "after_calls": []}
+
+
+def test_multi_kernel_pick_is_made_at_build_and_loaded(tmp_path):
+    class RowNorm(torch.nn.Module):
+        def forward(self, x):
+            return torch.softmax(x * 2.0, -1) + torch.nn.functional.layer_norm(x, x.shape[-1:])
+
+    x = torch.randn(64, 4096, device="cuda", dtype=torch.bfloat16)
+    gm, example = _graphs.capture(RowNorm(), (x,))
+    with torch.no_grad():
+        art = precompile.standalone_compile(gm, example, options={"triton.multi_kernel": 1})
+    picks = art.manifest.autotune["multi_kernel"]
+    assert picks, "Inductor generated no multi-kernel for this graph"
+    assert art.manifest.parts["fast"] is not None and art.manifest.parts["fast"]["multi_kernel"] == picks
+    report = _roundtrip(art, [example, [torch.randn_like(x)]], tmp_path)
+    assert report == {"engine": "fast", "new_modules": [], "after_calls": []}
+    shown = run_python("from precompile.cli import main; main()", "inspect", str(tmp_path / "a.pc"),
+                       env={"COLUMNS": "200"})
+    assert "multi-kernel picks" in shown
+
+
+def test_user_triton_kernel_through_triton_op(tmp_path):
+    from tools.coverage_cases import build_case
+
+    case = build_case("triton_op", "cuda")
+    gm, example = case.capture()
+    with torch.no_grad():
+        art = precompile.standalone_compile(gm, example)
+    assert art.manifest.parts["fast"] is not None, art.manifest.build["fast_off"]
+    report = _roundtrip(art, [example], tmp_path)
+    assert report == {"engine": "fast", "new_modules": [], "after_calls": []}
