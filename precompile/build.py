@@ -25,7 +25,8 @@ log = logging.getLogger("precompile")
 
 def standalone_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
                        dynamic_shapes: str = "from_example_inputs", options: dict[str, Any] | None = None,
-                       cache: str | Cache | None = None) -> Artifact:
+                       cache: str | Cache | None = None, key_extra: dict[str, Any] | None = None,
+                       runnable: bool = True) -> Artifact:
     """Compile an FX graph with Inductor into a content-hashed :class:`~precompile.artifact.Artifact`.
 
     Args:
@@ -45,6 +46,13 @@ def standalone_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], 
             or tiered in front of Redis), one worker of a fleet compiles a key while the others wait for it
             (:func:`precompile.coordination.get_or_build`; ``art.outcome`` says which happened).  Cache failures
             only cost the cache: the call then compiles here.
+        key_extra: more key factors, JSON values, from a caller whose compile depends on something the graph,
+            inputs and options do not show (an integration's own graph passes, a compile range); stored as the
+            ``extra`` factor.
+        runnable: the example inputs may be run.  False when they are stand-ins that must not be (an
+            integration that only has fake tensors, a graph taking process-specific handles such as vLLM's
+            oneDNN pointers): the build then runs nothing, and the fast path is offered only where it needs no
+            run (no Triton kernel to autotune) after static checks, recorded as ``build.validated = False``.
 
     Returns:
         a callable artifact: ``art(*example_inputs)`` returns what ``gm(*example_inputs)`` returns.
@@ -58,7 +66,8 @@ def standalone_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], 
     from cache_backends.registry import open_cache
 
     config.engine_mode()  # a bad PRECOMPILE_ENGINE is the caller's error, not a failed load to rebuild over
-    norm, plan = prepare(gm, example_inputs, dynamic_shapes=dynamic_shapes, options=options)
+    norm, plan = prepare(gm, example_inputs, dynamic_shapes=dynamic_shapes, options=options, key_extra=key_extra,
+                         runnable=runnable)
     key = plan.key
     c = None
     if cache is not None:
@@ -113,7 +122,8 @@ def build(norm: NormalizedGraph, plan: Plan) -> Artifact:
 
     log.info("compiling %s (%d placeholders)", plan.key[:12], len(plan.specs))
     try:
-        result = inductor_compile.compile_graph(norm.gm, plan.compile_inputs, plan.run_inputs,
+        result = inductor_compile.compile_graph(norm.gm, plan.compile_inputs,
+                                                plan.run_inputs if plan.runnable else None,
                                                 dynamic_shapes=plan.dynamic_shapes, options=plan.options)
     except NotSaveableError as err:
         raise BuildError(f"Inductor compiled the graph but it cannot be stored: {err}") from err
@@ -122,6 +132,8 @@ def build(norm: NormalizedGraph, plan: Plan) -> Artifact:
     except Exception as err:
         raise BuildError(f"Inductor failed to compile the graph: {type(err).__name__}: {err}") from err
     shapes, more_inputs = _shapes_after_compile(plan)
+    if not plan.runnable:
+        more_inputs = []
 
     blobs: dict[str, bytes] = {}
     roles: dict[str, dict[str, Any]] = {}
@@ -158,7 +170,8 @@ def build(norm: NormalizedGraph, plan: Plan) -> Artifact:
                           "at_run_time": ("checked; copied if misaligned" + (
                               ", and the graph's writes copied back" if i in result.mutated_inputs else ""))
                           if assumed else "no assumption"})
-    fast, fast_off = fast_plan(result, plan.run_inputs, more_inputs)
+    fast, fast_off = fast_plan(result, plan.run_inputs if plan.runnable else None, more_inputs,
+                               graph_outputs=_output_aliases(norm.gm))
     if fast is not None:  # the wrapper as the fast path runs it, imports replaced: loads skip the rewrite
         fast["source"] = put(fast["source"].encode(), "fast wrapper (imports replaced)")
     else:
@@ -171,7 +184,8 @@ def build(norm: NormalizedGraph, plan: Plan) -> Artifact:
         alignment=alignment, env=fingerprint.environment(plan.devices), blobs=roles,
         build={"seconds": round(result.compile_seconds, 3), "created": datetime.now(timezone.utc).isoformat(),
                "precompile": __version__, "mutated_inputs": result.mutated_inputs,
-               "inductor_files": len(result.cache_files), "fast_off": fast_off},
+               "inductor_files": len(result.cache_files), "fast_off": fast_off,
+               "validated": bool(fast) and plan.runnable},
         calling={"in_spec": norm.in_spec, "out_spec": norm.out_spec, "outputs": _output_kind(norm.gm)},
         shapes=shapes,
     )
@@ -247,6 +261,26 @@ def _inputs_at(plan: Plan, sizes: list[Any], gen: torch.Generator) -> list[Any]:
                 t.zero_()
             inputs.append(t)
     return inputs
+
+
+def _output_aliases(gm: torch.fx.GraphModule) -> tuple[int, bool]:
+    """``(number of outputs, whether one may alias an input)`` of the graph, from its fake values (an output
+    sharing storage with a placeholder's fake value, or without a fake value at all, may)."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    from precompile.inductor import shapes
+
+    out = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    values = out.args[0] if isinstance(out.args[0], (list, tuple)) else [out.args[0]]
+    storages = {StorageWeakRef(v.untyped_storage()) for v in shapes.fake_values(gm) if isinstance(v, torch.Tensor)}
+    aliases = False
+    for v in values:
+        fake = v.meta.get("val", v.meta.get("example_value")) if isinstance(v, torch.fx.Node) else None
+        if isinstance(v, torch.fx.Node) and not isinstance(fake, torch.Tensor):
+            aliases = aliases or not isinstance(fake, (int, float, torch.SymInt))
+        elif isinstance(fake, torch.Tensor) and StorageWeakRef(fake.untyped_storage()) in storages:
+            aliases = True
+    return len(values), aliases
 
 
 def _output_kind(gm: torch.fx.GraphModule) -> str:

@@ -38,6 +38,7 @@ class Plan:
         compile_inputs: what Inductor compiles for (SymInts kept for a symbolic graph).
         run_inputs: the inputs with every size concrete (what a build runs the compiled graph on).
         dynamic_shapes: the mode passed to Inductor.
+        runnable: whether the example inputs may be run (see ``standalone_compile``).
     """
 
     key: str
@@ -53,6 +54,7 @@ class Plan:
     compile_inputs: list[Any]
     run_inputs: list[Any]
     dynamic_shapes: str
+    runnable: bool = True
 
 
 def compute_key(factors: dict[str, Any]) -> str:
@@ -130,10 +132,12 @@ def _key_inputs(specs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def prepare(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, dynamic_shapes: str,
-            options: dict[str, Any] | None) -> tuple[NormalizedGraph, Plan]:
+            options: dict[str, Any] | None, key_extra: dict[str, Any] | None = None,
+            runnable: bool = True) -> tuple[NormalizedGraph, Plan]:
     """Normalize the graph and compute everything the key needs, without compiling.
 
     Raises:
+        TypeError: ``key_extra`` holds a value JSON cannot.
         ValueError: ``dynamic_shapes`` is not one of the three accepted values.
         OptionsError: ``options`` names no Inductor option or holds a value a key cannot store.
         UnserializableGraphError: the graph holds a part that cannot be serialized (named in the message).
@@ -170,9 +174,18 @@ def prepare(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, dynamic_
         "env": fingerprint.key_fields(env),
         "dynamic_shapes": "symbolic" if symbols else "static",
         "calling": [norm.in_spec, norm.out_spec],
+        "extra": _jsonable_extra(key_extra),
     }
     plan = Plan(key=compute_key(factors), factors=factors, specs=specs, graph_json=graph_json, options=opts,
                 inductor_config=inductor_config, env=env, devices=devices, symbols=symbols, fake_values=fakes,
                 compile_inputs=flat if symbols else run_inputs, run_inputs=run_inputs,
-                dynamic_shapes=dynamic_shapes)
+                dynamic_shapes=dynamic_shapes, runnable=runnable)
     return norm, plan
+
+
+def _jsonable_extra(extra: dict[str, Any] | None) -> dict[str, Any]:
+    try:
+        canonical_json(extra or {})
+    except (TypeError, ValueError) as err:
+        raise TypeError(f"key_extra must hold JSON values (str, int, float, bool, None, lists, dicts): {err}") from err
+    return dict(extra or {})

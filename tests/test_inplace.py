@@ -140,3 +140,30 @@ def test_misaligned_written_input_is_copied_and_written_back(defers):
     assert seen == (True, not defers)
     assert x.tolist() == [1.0] * 8 and x.data_ptr() % 16
     assert fn(x, y) == (True, not defers) and x.tolist() == [2.0] * 8
+
+
+def test_stand_in_inputs_are_never_run_and_the_fast_path_says_so(tmp_path):
+    """``runnable=False`` (an integration with only fake tensors, or inputs that are process-specific handles):
+    the build runs nothing, and a CPU graph still gets a fast path, checked statically and marked unvalidated."""
+    model, inputs = _graphs.decode_step()
+    gm, example = _graphs.capture(model, tuple(inputs.values()))
+    before = [v.clone() for v in example]
+    with torch.no_grad():
+        art = precompile.standalone_compile(gm, example, runnable=False, key_extra={"integration": "test"})
+    assert all(torch.equal(a, b) for a, b in zip(example, before))
+    m = art.manifest
+    assert m.parts["fast"] is not None and m.build["validated"] is False
+    assert m.factors["extra"] == {"integration": "test"}
+    with torch.no_grad():
+        validated = precompile.standalone_compile(gm, example)
+    assert validated.key != art.key and validated.manifest.build["validated"] is True
+    fast = precompile.Artifact(m, art.all_blobs(), source="test").bind(model)
+    _, mine = _graphs.decode_step()
+    _, theirs = _graphs.decode_step()
+    with torch.no_grad():
+        got = fast(*_graphs.user_inputs(fast, mine))
+        want = validated.bind(model)(*_graphs.user_inputs(validated, theirs))
+    assert fast.engine_kind == "fast"
+    assert_same_output(got, want, rtol=0, atol=0)
+    for name in BUFFERS:
+        assert_same_output(mine[name], theirs[name], rtol=0, atol=0, where=name)

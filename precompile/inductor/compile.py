@@ -41,7 +41,7 @@ def _private_cache_dir():
                 os.environ[k] = v
 
 
-def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], run_inputs: list[Any], *,
+def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], run_inputs: list[Any] | None, *,
                   dynamic_shapes: str, options: dict[str, Any] | None) -> BuildResult:
     """Compile ``gm`` with Inductor and harvest everything it produced (see :class:`BuildResult`).
 
@@ -50,7 +50,8 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], run_input
         example_inputs: what Inductor compiles for (tensors, ints or SymInts, as the graph's caller gave them).
         run_inputs: the same inputs with every size concrete (SymInts replaced by their example values): what
             a graph with Triton kernels is run on once, on copies of the inputs it writes to, so that each
-            kernel's autotuning settles on the config the artifact carries.
+            kernel's autotuning settles on the config the artifact carries; None when the inputs must not be
+            run (then a graph with Triton kernels offers no fast path).
         dynamic_shapes: as ``torch._inductor.standalone_compile``.
         options: normalized Inductor config patches.
 

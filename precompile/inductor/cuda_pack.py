@@ -40,19 +40,23 @@ class NotFast(Exception):
     """Why a kernel cannot take the fast path (a reason for the log, never raised to callers)."""
 
 
-def settle_triton_autotuning(compiled_fn: Any, run_inputs: list[Any], graphs: list[Any],
+def settle_triton_autotuning(compiled_fn: Any, run_inputs: list[Any] | None, graphs: list[Any],
                              mutated: list[int]) -> str | None:
     """Run a graph that has Triton kernels once, so that Inductor autotunes each kernel down to one launcher
     (and writes its ``.best_config``), and each multi-kernel picks its sub-kernel, while the private cache
     dir is still in place.  Inputs the graph writes to are copies (:func:`runs.inputs_for_run`).
 
     Returns:
-        None, or why the fast path is off (the graph is not an inference graph, or the run failed).
+        None, or why the fast path is off (the graph is not an inference graph, ``run_inputs`` is None because
+        the inputs must not be run, or the run failed).
     """
     if not any("async_compile.triton(" in (getattr(g, "source_code", None) or "") for g in graphs):
         return None
     if len(graphs) != 1:
         return f"{len(graphs)} wrapper modules (a training graph: forward and backward)"
+    if run_inputs is None:
+        return ("the example inputs are stand-ins that must not be run, so its Triton kernels could not be "
+                "autotuned down to the configs an artifact carries")
     try:
         with torch.no_grad():
             compiled_fn(*runs.inputs_for_run(run_inputs, mutated))

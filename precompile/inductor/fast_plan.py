@@ -43,14 +43,17 @@ def kernel_binaries(kernels: list[Kernel]) -> dict[str, bytes]:
             for k in kernels}
 
 
-def fast_plan(result: BuildResult, run_inputs: list[Any], more_inputs: list[list[Any]] = ()
-              ) -> tuple[dict[str, Any] | None, str | None]:
+def fast_plan(result: BuildResult, run_inputs: list[Any] | None, more_inputs: list[list[Any]] = (), *,
+              graph_outputs: tuple[int, bool] | None = None) -> tuple[dict[str, Any] | None, str | None]:
     """Decide whether ``result`` can be loaded by the fast path, and validate it.
 
     Args:
         result: the compile.
-        run_inputs: the example inputs with every size concrete.
+        run_inputs: the example inputs with every size concrete, or None when they must not be run: then the
+            plan rests on static checks alone (the wrapper's ``call`` returns as many values as the graph, and no
+            output may alias an input, which Inductor's runtime wrapper would regenerate).
         more_inputs: more input sets to validate on (other sizes of a graph with symbolic shapes).
+        graph_outputs: ``(number of outputs, whether one may alias an input)`` of the FX graph.
 
     Returns:
         ``(plan, None)`` or ``(None, why the fast path is off)``.  ``plan`` is what a fast load needs besides
@@ -61,6 +64,8 @@ def fast_plan(result: BuildResult, run_inputs: list[Any], more_inputs: list[list
         bit; any difference or failure means no plan.
     """
     why = _static_reasons(result, run_inputs)
+    if why is None and run_inputs is None:
+        why = _unvalidated_reasons(result, graph_outputs)
     if why:
         return None, why
     (name, source), = result.wrappers.items()
@@ -76,6 +81,9 @@ def fast_plan(result: BuildResult, run_inputs: list[Any], more_inputs: list[list
     plan = {"wrapper": name, "source": runtime.rewrite_wrapper(source), "extern": extern, "ops": ops,
             "multi_kernel": dict(result.multi_kernel), "mutated": list(result.mutated_inputs),
             "defers_alignment": result.defers_alignment}
+    if run_inputs is None:
+        log.info("fast path offered without a validation run: the example inputs must not be run")
+        return plan, None
     try:
         fast = runtime.load_fast(plan["source"], kernel_binaries(result.kernels), extern=extern, ops=ops,
                                  multi_kernel=plan["multi_kernel"], inputs_to_check=result.inputs_to_check,
@@ -99,7 +107,7 @@ def _static_reasons(result: BuildResult, run_inputs: list[Any]) -> str | None:
     missing = [k.name for k in result.kernels if not _has_launch_binary(k)]
     if missing:
         return f"no loadable binary for kernels {missing[:5]}"
-    odd = [type(x).__name__ for x in run_inputs if not isinstance(x, (torch.Tensor, int, float, bool))]
+    odd = [type(x).__name__ for x in run_inputs or () if not isinstance(x, (torch.Tensor, int, float, bool))]
     if odd:
         return f"inputs of type {sorted(set(odd))} (tensors and numbers are supported)"
     (_, source), = result.wrappers.items()
@@ -108,6 +116,25 @@ def _static_reasons(result: BuildResult, run_inputs: list[Any]) -> str | None:
         return f"the wrapper calls {other.group(0)}"
     if runtime.rewrite_wrapper(source) is None:
         return "the wrapper imports Inductor modules the fast path does not stand in for"
+    return None
+
+
+def _unvalidated_reasons(result: BuildResult, graph_outputs: tuple[int, bool] | None) -> str | None:
+    """Why a plan that cannot be validated by a run is not offered, or None."""
+    import ast
+
+    if graph_outputs is None:
+        return "the example inputs cannot be run and the graph's outputs are unknown"
+    n_outputs, aliases = graph_outputs
+    if aliases:
+        return "an output may alias an input and the example inputs cannot be run to check the fast path"
+    (_, source), = result.wrappers.items()
+    calls = [f for f in ast.walk(ast.parse(source)) if isinstance(f, ast.FunctionDef) and f.name == "call"]
+    returns = [len(r.value.elts) for f in calls for r in ast.walk(f)
+               if isinstance(r, ast.Return) and isinstance(r.value, ast.Tuple)]
+    if returns != [n_outputs]:
+        return (f"the wrapper returns {returns} values where the graph has {n_outputs} outputs, and the example "
+                "inputs cannot be run to check the fast path")
     return None
 
 
