@@ -112,6 +112,7 @@ class PrecompileAdaptor(_interface_base()):  # type: ignore[misc]
         self.prefix = ""
         self.records: list[PieceRecord] = []
         self._opened = False
+        self.vllm_cache_dir: str | None = None
 
     # ------------------------------------------------------------------------------------- vLLM's interface
     def initialize_cache(self, cache_dir: str, disable_cache: bool = False, prefix: str = "") -> None:
@@ -121,6 +122,7 @@ class PrecompileAdaptor(_interface_base()):  # type: ignore[misc]
         """
         self.disabled = bool(disable_cache)
         self.prefix = prefix
+        self.vllm_cache_dir = cache_dir
         self._open()
         log.info("precompile adaptor%s: cache %s%s (vLLM's dir %s is not used)", f" [{prefix}]" if prefix else "",
                  getattr(self.cache, "url", None), " - disabled by vLLM" if self.disabled else "", cache_dir)
@@ -151,8 +153,18 @@ class PrecompileAdaptor(_interface_base()):  # type: ignore[misc]
         t0 = time.perf_counter()
         rng = _range(compile_range)
         cpu = all(x.device.type == "cpu" for x in example_inputs if isinstance(x, torch.Tensor))
-        with _vllm_compile_context(compiler_config, rng, drop=CPU_DROPPED if cpu else ()) as options:
-            art = self._get(graph, example_inputs, options, rng)
+        from precompile.errors import InputMismatchError, OptionsError, PrecompileError
+
+        try:
+            with _vllm_compile_context(compiler_config, rng, drop=CPU_DROPPED if cpu else ()) as options:
+                art = self._get(graph, example_inputs, options, rng)
+        except (OptionsError, InputMismatchError):
+            raise  # the configuration's mistake: the same with or without precompile
+        except PrecompileError as err:
+            fallback = self._fallback(err)
+            if fallback is None:
+                raise
+            return fallback.compile(graph, example_inputs, compiler_config, compile_range, key)[0], None
         self._record(key or "compile", rng, art, start_time=t0)
         return art, None
 
@@ -191,6 +203,21 @@ class PrecompileAdaptor(_interface_base()):  # type: ignore[misc]
                         self.cache_spec or config.default_cache_url(), err)
             self.cache = None
 
+    def _fallback(self, err: Exception) -> Any:
+        """vLLM's own ``InductorStandaloneAdaptor`` for a piece precompile cannot build or store (where vLLM is
+        installed and told its cache dir), so that serving still starts; None otherwise."""
+        try:
+            from vllm.compilation.compiler_interface import InductorStandaloneAdaptor
+        except ImportError:
+            return None
+        if self.vllm_cache_dir is None:
+            return None
+        log.warning("precompile cannot cache this piece (%s: %s); vLLM's own Inductor adaptor compiles it",
+                    type(err).__name__, err)
+        adaptor = InductorStandaloneAdaptor("binary")
+        adaptor.initialize_cache(self.vllm_cache_dir, self.disabled, self.prefix)
+        return adaptor
+
     def _get(self, graph: torch.fx.GraphModule, example_inputs: list[Any], options: dict[str, Any],
              compile_range: tuple[int, int]) -> Any:
         from precompile.build import standalone_compile
@@ -206,9 +233,9 @@ class PrecompileAdaptor(_interface_base()):  # type: ignore[misc]
         return art
 
     def _record(self, piece: str, compile_range: tuple[int, int], art: Any, *, start_time: float) -> None:
-        seconds = time.perf_counter() - start_time
         if art.engine_kind is None:
             art.engine  # noqa: B018 - build the callable now, so failures and time land here
+        seconds = time.perf_counter() - start_time
         rec = PieceRecord(piece, compile_range, art.key, art.outcome, round(seconds, 4), art.engine_kind)
         self.records.append(rec)
         log.info("precompile %s %s range %s: %s in %.3f s (key %s, engine %s)", self.prefix or "-", piece,
