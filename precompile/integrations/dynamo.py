@@ -7,6 +7,10 @@ Each graph Dynamo captures is loaded from ``$PRECOMPILE_CACHE`` or built into it
 (:class:`precompile.capture.Backend`); a graph with symbolic sizes (vLLM's ``num_tokens``, or
 ``dynamic=True``) is compiled with ``dynamic_shapes="from_graph"``, so one artifact serves every size,
 a graph without them with ``"from_example_inputs"``.
+
+A graph with inputs that are neither tensors nor numbers (vLLM's whole ``DYNAMO_TRACE_ONCE`` graph passes its
+attention op ``LayerName`` opaque objects) is compiled by Inductor directly, uncached, with a warning: serve vLLM
+through its piecewise ``VLLM_COMPILE`` mode (:mod:`precompile.integrations.vllm`) instead.
 """
 
 from __future__ import annotations
@@ -62,6 +66,16 @@ def precompile_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], *, o
     backend = _BACKENDS.get(key)
     if backend is None:
         backend = _BACKENDS[key] = Backend(options=opts or None, dynamic_shapes=dynamic_shapes)
+    opaque = [type(x).__name__ for x in example_inputs
+              if not isinstance(x, (torch.Tensor, int, float, bool, torch.SymInt, torch.SymFloat))]
+    if opaque:
+        # e.g. vLLM's whole graph (DYNAMO_TRACE_ONCE) passes its attention op a LayerName, a torch opaque object:
+        # precompile keys and stores tensors and numbers only, so such a graph runs, uncached, as Inductor's own
+        log.warning("precompile cannot cache a graph with %s inputs; compiling it with Inductor directly, uncached",
+                    sorted(set(opaque)))
+        from torch._inductor.compile_fx import compile_fx
+
+        return compile_fx(gm, example_inputs, config_patches=opts or None)
     return backend(gm, example_inputs)
 
 

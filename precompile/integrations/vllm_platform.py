@@ -51,7 +51,7 @@ def platform_plugin() -> str | None:
         others = [ep.name for ep in entry_points(group=PLATFORM_PLUGINS_GROUP) if ep.value.split(":")[0] != __name__]
         if others:
             log.info("precompile's vLLM platform stays inactive: vLLM allows one platform plugin and %s is installed "
-                     "(the backend 'precompile' then works in DYNAMO_TRACE_ONCE mode only)", others)
+                     "(the backend 'precompile' then caches nothing for vLLM)", others)
             return None
         found = []
         for name, detect in builtin_platform_plugins.items():
