@@ -10,6 +10,7 @@ temporary directory by setting the environment before the call.
 | ``PRECOMPILE_CACHE_MAX_BYTES`` | size cap of a local cache, bytes (LRU eviction above it) | 20 GiB |
 | ``PRECOMPILE_LOG`` | log level of the ``precompile`` logger (``INFO``, ``DEBUG``...) | unset: inherit |
 | ``PRECOMPILE_ENGINE`` | ``auto`` (fast path where the artifact offers one) or ``portable`` (always rebuild through Inductor's cache entries) | ``auto`` |
+| ``PRECOMPILE_VLLM_PLATFORM`` | ``0`` keeps precompile's vLLM platform plugin inactive (see ``precompile.integrations.vllm_platform``) | ``1`` |
 """
 
 from __future__ import annotations
@@ -69,3 +70,9 @@ def engine_mode() -> str:
     if mode not in ("auto", "portable"):
         raise ValueError(f"PRECOMPILE_ENGINE must be 'auto' or 'portable', got {mode!r}")
     return mode
+
+
+def vllm_platform_enabled() -> bool:
+    """False when ``PRECOMPILE_VLLM_PLATFORM`` is ``0``/``false``/``no``/``off``: precompile's vLLM platform plugin
+    then stays inactive."""
+    return (os.environ.get("PRECOMPILE_VLLM_PLATFORM") or "1").strip().lower() not in ("0", "false", "no", "off")

