@@ -26,7 +26,7 @@ log = logging.getLogger("precompile")
 def standalone_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
                        dynamic_shapes: str = "from_example_inputs", options: dict[str, Any] | None = None,
                        cache: str | Cache | None = None, key_extra: dict[str, Any] | None = None,
-                       runnable: bool = True) -> Artifact:
+                       runnable: bool = True, size_range: tuple[int, int | None] | None = None) -> Artifact:
     """Compile an FX graph with Inductor into a content-hashed :class:`~precompile.artifact.Artifact`.
 
     Args:
@@ -53,12 +53,17 @@ def standalone_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], 
             integration that only has fake tensors, a graph taking process-specific handles such as vLLM's
             oneDNN pointers): the build then runs nothing, and the fast path is offered only where it needs no
             run (no Triton kernel to autotune) after static checks, recorded as ``build.validated = False``.
+        size_range: ``(lower, upper)`` sizes the caller vouches the graph is valid for, on a graph with one size
+            symbol (upper None: unbounded).  It replaces the symbol's range in the key and in the guards checked
+            on every call.  vLLM's compile range is one: Dynamo's 0/1 specialization starts a dynamic size at 2,
+            and vLLM runs its graphs at 1 token all the same.
 
     Returns:
         a callable artifact: ``art(*example_inputs)`` returns what ``gm(*example_inputs)`` returns.
 
     Raises:
-        ValueError: bad ``dynamic_shapes``; OptionsError: bad ``options``.
+        ValueError: bad ``dynamic_shapes``, or a ``size_range`` for a graph without one size symbol;
+            OptionsError: bad ``options``.
         UnserializableGraphError: a node holds something an artifact cannot store (nothing is written).
         InputMismatchError: example inputs do not line up with the graph's placeholders.
         BuildError: Inductor failed; its exception is chained.
@@ -67,7 +72,7 @@ def standalone_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], 
 
     config.engine_mode()  # a bad PRECOMPILE_ENGINE is the caller's error, not a failed load to rebuild over
     norm, plan = prepare(gm, example_inputs, dynamic_shapes=dynamic_shapes, options=options, key_extra=key_extra,
-                         runnable=runnable)
+                         runnable=runnable, size_range=size_range)
     key = plan.key
     c = None
     if cache is not None:
@@ -201,11 +206,13 @@ def _shapes_after_compile(plan: Plan) -> tuple[dict[str, Any], list[list[Any]]]:
     """
     if plan.symbols is None:
         return {}, []
-    from precompile.guards import Guards, GuardSyntaxError
+    from precompile.guards import Guards, GuardSyntaxError, with_range
     from precompile.inductor import shapes, shim
 
     try:
         text = shapes.guards(plan.symbols, plan.fake_values)
+        if plan.size_range is not None:
+            text = with_range(text, _sources(plan.specs), *plan.size_range)
         guards = Guards(text, [s["name"] for s in plan.specs]) if text else None
     except (ValueError, GuardSyntaxError) as err:
         raise BuildError(f"the size guards of this symbolic graph cannot be stored ({err}); compile it with "
@@ -213,9 +220,19 @@ def _shapes_after_compile(plan: Plan) -> tuple[dict[str, Any], list[list[Any]]]:
     if guards is not None and guards.failures(plan.run_inputs):
         raise BuildError(f"the size guards do not hold for the example inputs: {guards.failures(plan.run_inputs)}")
     ranges = shim.symbol_ranges(plan.symbols.shape_env)
-    symbols = {name: {"range": list(ranges.get(orig, plan.symbols.ranges[name])), "hint": plan.symbols.hints.get(name)}
+    symbols = {name: {"range": list(plan.size_range or ranges.get(orig, plan.symbols.ranges[name])),
+                      "hint": plan.symbols.hints.get(name)}
                for orig, name in plan.symbols.names.items()}
     return {"symbols": symbols, "guards": text}, _other_sizes(plan, guards, symbols)
+
+
+def _sources(specs: list[dict[str, Any]]) -> list[str]:
+    """How the guards name the one size symbol: ``L['t<i>']`` for a size placeholder, ``L['t<i>'].size()[d]`` for
+    a tensor dim that is exactly the symbol."""
+    out = [f"L['t{i}']" for i, s in enumerate(specs) if isinstance(s.get("size"), str)]
+    out += [f"L['t{i}'].size()[{d}]" for i, s in enumerate(specs) if s.get("type") == "tensor"
+            for d, n in enumerate(s["shape"]) if isinstance(n, str) and n.isidentifier()]
+    return out
 
 
 def _other_sizes(plan: Plan, guards: Any, symbols: dict[str, Any]) -> list[list[Any]]:

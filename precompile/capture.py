@@ -91,9 +91,9 @@ class Backend:
             # hand it to Inductor directly, uncached, as torch.compile's own backend would
             log.warning("precompile cannot cache graph %d (%s: %s); compiling it with Inductor directly, uncached",
                         len(self.records), type(err).__name__, err)
-            from torch._inductor.compile_fx import compile_fx
+            from precompile.inductor.shim import compile_uncached
 
-            return compile_fx(gm, example_inputs, config_patches=self.options or None)
+            return compile_uncached(gm, example_inputs, self.options)
         seconds = time.perf_counter() - start
         self.records.append(GraphRecord(
             index=len(self.records), key=art.key, outcome=art.outcome,

@@ -166,3 +166,32 @@ def evaluate_size(text: int | str, values: dict[str, int]) -> int:
     tree = _parse(text)
     _check(tree, frozenset(values))
     return int(eval(compile(tree, "<precompile size>", "eval"), {**_SCOPE, **values}))  # noqa: S307 - checked
+
+
+def with_range(text: str | None, sources: list[str], lower: int, upper: int | None) -> str:
+    """``text`` with its range conditions on one symbol replaced by ``lower <= symbol <= upper``.
+
+    A range condition is a comparison between int constants and the symbol's sources only (``2 <= L['t2']``,
+    ``L['t3'].size()[0] <= 512``); every other guard stays.  ``sources`` are the symbol's sources as the guards
+    write them, the first one used for the new bounds.
+
+    Raises:
+        GuardSyntaxError: ``text`` does not parse.
+    """
+    if not sources:
+        raise GuardSyntaxError("a symbol without a source cannot be bounded")
+    parts: list[ast.expr] = []
+    if text:
+        body = _parse(text).body
+        parts = list(body.values) if isinstance(body, ast.BoolOp) and isinstance(body.op, ast.And) else [body]
+
+    def is_bound(e: ast.expr) -> bool:
+        if not isinstance(e, ast.Compare):
+            return False
+        sides = [e.left, *e.comparators]
+        consts = [s for s in sides if isinstance(s, ast.Constant) and isinstance(s.value, int)]
+        return bool(consts) and all(s in consts or ast.unparse(s) in sources for s in sides)
+
+    kept = [ast.unparse(e) for e in parts if not is_bound(e)]
+    bounds = [f"{int(lower)} <= {sources[0]}"] + ([f"{sources[0]} <= {int(upper)}"] if upper is not None else [])
+    return " and ".join([*kept, *bounds])

@@ -39,6 +39,7 @@ class Plan:
         run_inputs: the inputs with every size concrete (what a build runs the compiled graph on).
         dynamic_shapes: the mode passed to Inductor.
         runnable: whether the example inputs may be run (see ``standalone_compile``).
+        size_range: ``(lower, upper)`` the caller vouches for on the graph's one size symbol, or None.
     """
 
     key: str
@@ -55,6 +56,7 @@ class Plan:
     run_inputs: list[Any]
     dynamic_shapes: str
     runnable: bool = True
+    size_range: tuple[int, int | None] | None = None
 
 
 def compute_key(factors: dict[str, Any]) -> str:
@@ -133,10 +135,11 @@ def _key_inputs(specs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def prepare(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, dynamic_shapes: str,
             options: dict[str, Any] | None, key_extra: dict[str, Any] | None = None,
-            runnable: bool = True) -> tuple[NormalizedGraph, Plan]:
+            runnable: bool = True, size_range: tuple[int, int | None] | None = None) -> tuple[NormalizedGraph, Plan]:
     """Normalize the graph and compute everything the key needs, without compiling.
 
     Raises:
+        ValueError: ``size_range`` is given for a graph without exactly one size symbol, or is not a range.
         TypeError: ``key_extra`` holds a value JSON cannot.
         ValueError: ``dynamic_shapes`` is not one of the three accepted values.
         OptionsError: ``options`` names no Inductor option or holds a value a key cannot store.
@@ -158,6 +161,15 @@ def prepare(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, dynamic_
     fakes = shapes.fake_values(norm.gm)
     symbols = shapes.symbols_of(fakes) if dynamic_shapes != "from_example_inputs" else None
     specs = input_specs(norm, flat, symbols, fakes)
+    ranges = dict(symbols.ranges) if symbols else {}
+    if size_range is not None:
+        lo, hi = size_range
+        if symbols is None or len(symbols.ranges) != 1:
+            raise ValueError(f"size_range applies to a graph with exactly one size symbol; this one has "
+                             f"{len(symbols.ranges) if symbols else 0} (with dynamic_shapes={dynamic_shapes!r})")
+        if not (isinstance(lo, int) and lo >= 0 and (hi is None or (isinstance(hi, int) and hi >= lo))):
+            raise ValueError(f"size_range must be (lower, upper) with 0 <= lower <= upper, got {size_range!r}")
+        ranges = {name: [lo, hi] for name in symbols.ranges}
     run_inputs = [concrete(x, s["name"]) for x, s in zip(flat, specs)]
     devices = {s["device"] for s in specs if s.get("type") == "tensor"} or {"cpu"}
     env = fingerprint.environment(devices, full=False)  # key fields only; the build records the rest
@@ -167,7 +179,7 @@ def prepare(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, dynamic_
         "format": config.FORMAT_VERSION,
         "graph": digest_bytes(canonical_json(canonical_graph(graph_json))),
         "inputs": _key_inputs(specs),
-        "symbols": {name: symbols.ranges[name] for name in sorted(symbols.ranges)} if symbols else {},
+        "symbols": {name: ranges[name] for name in sorted(ranges)},
         "options": opts,
         "inductor_config": digest_bytes(inductor_config),
         "ambient": ambient_state(devices, threads_fixed),
@@ -179,7 +191,7 @@ def prepare(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, dynamic_
     plan = Plan(key=compute_key(factors), factors=factors, specs=specs, graph_json=graph_json, options=opts,
                 inductor_config=inductor_config, env=env, devices=devices, symbols=symbols, fake_values=fakes,
                 compile_inputs=flat if symbols else run_inputs, run_inputs=run_inputs,
-                dynamic_shapes=dynamic_shapes, runnable=runnable)
+                dynamic_shapes=dynamic_shapes, runnable=runnable, size_range=size_range)
     return norm, plan
 
 

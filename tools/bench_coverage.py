@@ -114,7 +114,8 @@ def phase_build(a: argparse.Namespace, work: Path) -> dict:
 
     case = build_case(a.case, a.device)
     gm, example = case.capture()
-    concrete = [int(v) if isinstance(v, torch.SymInt) else v for v in example]
+    # a SymInt's example value without int(), which would specialize the graph's symbol
+    concrete = [int(v.node.hint) if isinstance(v, torch.SymInt) else v for v in example]
     url = "file://" + str(work / "cache")
     t = time.perf_counter()
     with torch.no_grad():

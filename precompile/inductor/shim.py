@@ -210,3 +210,17 @@ def custom_op_def(qualname: str) -> Any:
     except ImportError:
         return None
     return OPDEFS.get(qualname)
+
+
+def config_patch(patches: dict[str, Any]) -> Any:
+    """A context manager in which Inductor's config holds ``patches`` (any values, Python objects included)."""
+    from torch._inductor import config
+
+    return config.patch(patches)
+
+
+def compile_uncached(gm: torch.fx.GraphModule, example_inputs: list[Any], config_patches: dict[str, Any] | None) -> Any:
+    """Inductor's ``compile_fx``: what ``torch.compile``'s own backend does, for a graph precompile cannot cache."""
+    from torch._inductor.compile_fx import compile_fx
+
+    return compile_fx(gm, example_inputs, config_patches=config_patches or None)

@@ -73,9 +73,9 @@ def precompile_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], *, o
         # precompile keys and stores tensors and numbers only, so such a graph runs, uncached, as Inductor's own
         log.warning("precompile cannot cache a graph with %s inputs; compiling it with Inductor directly, uncached",
                     sorted(set(opaque)))
-        from torch._inductor.compile_fx import compile_fx
+        from precompile.inductor.shim import compile_uncached
 
-        return compile_fx(gm, example_inputs, config_patches=opts or None)
+        return compile_uncached(gm, example_inputs, opts)
     return backend(gm, example_inputs)
 
 

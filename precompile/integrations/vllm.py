@@ -23,11 +23,15 @@ graph passes are in force while Inductor runs.  What it does differently:
 - ``compile`` returns no handle, on purpose: vLLM then records nothing in its cache directory and calls
   ``compile`` again on the next start, where precompile's key decides the hit.  (A handle would make vLLM call
   ``load`` without the Inductor config a rebuild needs, so a missing entry could only be a crash.)
-- vLLM passes fake example inputs; precompile runs what it builds on real ones, so the adaptor makes real
-  tensors of the same shapes (integers zero, floats seeded normal) and, for a range, tells the graph's fake mode
-  they stand for its symbolic inputs.  This costs one piece's inputs (weights included) of memory while it builds.
-- vLLM's graph passes are Python objects, not options a key can hold: their ``uuid()`` (which covers the pass
-  config and the compile range) goes into the key as an inert entry of ``_cache_config_ignore_prefix``.
+- vLLM passes fake example inputs; the adaptor makes real tensors of the same shapes (integers zero, floats
+  seeded normal) and, for a range, tells the graph's fake mode they stand for its symbolic inputs.  This costs
+  one piece's inputs (weights included) of memory while it builds.  On a GPU precompile runs the piece on them
+  once (Triton autotuning settles on the configs the artifact carries, and the fast path is checked bit for bit
+  against the fresh compile).  On a CPU they are never run (``runnable=False``): vLLM's CPU pieces take oneDNN
+  handles, pointers into the worker's memory, whose stand-ins must not be dereferenced; the fast path is then
+  checked statically (``build.validated`` is false in the manifest).
+- vLLM's graph passes are Python objects, not options a key can hold: their ``uuid()`` and the compile range go
+  into the key as precompile's ``key_extra`` factor (``{"vllm": {"range": [start, end], "passes": {...}}}``).
 """
 
 from __future__ import annotations
@@ -57,8 +61,6 @@ PASS_ENTRIES = ("pre_grad_custom_pass", "post_grad_custom_post_pass", "joint_cus
 #: vLLM's own CPU default (``DYNAMO_TRACE_ONCE`` with Inductor) runs none of its passes either.
 CPU_DROPPED = ("post_grad_custom_post_pass",)
 
-#: Marker prefix of the inert ``_cache_config_ignore_prefix`` entry that carries the passes' identity into a key.
-PASS_MARKER = "precompile-vllm-passes:"
 
 
 def _interface_base() -> type:
@@ -156,8 +158,8 @@ class PrecompileAdaptor(_interface_base()):  # type: ignore[misc]
         from precompile.errors import InputMismatchError, OptionsError, PrecompileError
 
         try:
-            with _vllm_compile_context(compiler_config, rng, drop=CPU_DROPPED if cpu else ()) as options:
-                art = self._get(graph, example_inputs, options, rng)
+            with _vllm_compile_context(compiler_config, rng, drop=CPU_DROPPED if cpu else ()) as (options, extra):
+                art = self._get(graph, example_inputs, options, rng, extra, runnable=not cpu)
         except (OptionsError, InputMismatchError):
             raise  # the configuration's mistake: the same with or without precompile
         except PrecompileError as err:
@@ -219,7 +221,7 @@ class PrecompileAdaptor(_interface_base()):  # type: ignore[misc]
         return adaptor
 
     def _get(self, graph: torch.fx.GraphModule, example_inputs: list[Any], options: dict[str, Any],
-             compile_range: tuple[int, int]) -> Any:
+             compile_range: tuple[int, int], key_extra: dict[str, Any], *, runnable: bool) -> Any:
         from precompile.build import standalone_compile
 
         self._open()
@@ -227,7 +229,11 @@ class PrecompileAdaptor(_interface_base()):  # type: ignore[misc]
         dynamic_shapes = "from_example_inputs" if single else "from_graph"
         inputs = real_inputs(example_inputs, register=not single)
         cache = None if self.disabled else self.cache
-        art = standalone_compile(graph, inputs, dynamic_shapes=dynamic_shapes, options=options, cache=cache)
+        # vLLM runs a range's graph at every size of the range, 1 included, whatever Dynamo's 0/1 specialization
+        # assumed (its runtime skips Dynamo's guards): the range is the artifact's contract
+        art = standalone_compile(graph, inputs, dynamic_shapes=dynamic_shapes, options=options, cache=cache,
+                                 key_extra=key_extra, runnable=runnable,
+                                 size_range=None if single else compile_range)
         if cache is None:
             art.outcome = "uncached"
         return art
@@ -260,12 +266,10 @@ def _range(compile_range: Any) -> tuple[int, int]:
 
 
 def split_compiler_config(compiler_config: dict[str, Any] | None, compile_range: tuple[int, int],
-                          drop: tuple[str, ...] = ()) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(options, patches)``: the JSON Inductor options for the key, and the Python objects (vLLM's graph
-    passes) to patch into Inductor's config while it runs.
-
-    The passes' ``uuid()`` and the compile range go into ``options`` as one inert entry of
-    ``_cache_config_ignore_prefix`` (a prefix no config name has), so a new pass or pass config is a new key.
+                          drop: tuple[str, ...] = ()) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """``(options, patches, key_extra)``: the JSON Inductor options for the key, the Python objects (vLLM's graph
+    passes) to patch into Inductor's config while it runs, and the key factor naming them and the compile range
+    (``{"vllm": {"range": [start, end], "passes": {entry: uuid}}}``).
 
     Raises:
         OptionsError: a pass has no ``uuid()`` (its identity could not be keyed).
@@ -274,7 +278,7 @@ def split_compiler_config(compiler_config: dict[str, Any] | None, compile_range:
 
     options: dict[str, Any] = {}
     patches: dict[str, Any] = {}
-    ident = [f"range {compile_range[0]}-{compile_range[1]}"]
+    passes: dict[str, str] = {}
     for name, value in sorted((compiler_config or {}).items()):
         if name in drop:
             continue
@@ -285,23 +289,17 @@ def split_compiler_config(compiler_config: dict[str, Any] | None, compile_range:
             if not callable(uuid):
                 raise OptionsError(f"vLLM's Inductor config entry {name!r} is a {type(value).__name__} with no "
                                    "uuid(); precompile cannot key a graph pass it cannot identify")
-            ident.append(f"{name}={uuid()}")
+            passes[name] = str(uuid())
             patches[name] = value
         else:
             options[name] = value
-    digest = hashlib.sha256("\n".join(ident).encode()).hexdigest()[:32]
-    from torch._inductor import config as inductor_config
-
-    ignore = list(options.get("_cache_config_ignore_prefix", inductor_config._cache_config_ignore_prefix))
-    options["_cache_config_ignore_prefix"] = [p for p in ignore if not p.startswith(PASS_MARKER)] + [
-        PASS_MARKER + digest]
-    return options, patches
+    return options, patches, {"vllm": {"range": list(compile_range), "passes": passes}}
 
 
 class _vllm_compile_context:
     """vLLM's compile-time state around one build, as its ``InductorStandaloneAdaptor`` sets it (where vLLM is
     installed): stride patch, ``set_inductor_config`` for the range, functorch config, the pass context; then
-    the graph passes patched into Inductor's config.  ``__enter__`` returns the key's options."""
+    the graph passes patched into Inductor's config.  ``__enter__`` returns the key's options and ``key_extra``."""
 
     def __init__(self, compiler_config: dict[str, Any] | None, compile_range: tuple[int, int], *,
                  drop: tuple[str, ...] = ()):
@@ -310,10 +308,10 @@ class _vllm_compile_context:
         self.drop = drop
         self._stack: Any = None
 
-    def __enter__(self) -> dict[str, Any]:
+    def __enter__(self) -> tuple[dict[str, Any], dict[str, Any]]:
         from contextlib import ExitStack
 
-        from torch._inductor import config as inductor_config
+        from precompile.inductor import shim
 
         self._stack = ExitStack()
         try:
@@ -333,10 +331,10 @@ class _vllm_compile_context:
                 current = None
             if current != vrange:
                 self._stack.enter_context(pass_context(vrange))
-        options, patches = split_compiler_config(self.config, self.range, self.drop)
+        options, patches, extra = split_compiler_config(self.config, self.range, self.drop)
         if patches:
-            self._stack.enter_context(inductor_config.patch(patches))
-        return options
+            self._stack.enter_context(shim.config_patch(patches))
+        return options, extra
 
     def __exit__(self, *exc: Any) -> None:
         self._stack.close()
