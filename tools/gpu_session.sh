@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # GPU verification run for the device machine (torch 2.11 + triton 3.6 there).  Writes logs under $OUT.
 #   bash tools/gpu_session.sh                  everything below (needs .whl/ with the zstandard and redis wheels)
-#   TESTS=1 COVERAGE=0 BENCH=0 MAIN_JOB=0 ...  pick parts: the GPU tests, tools/bench_coverage.py (CASES=a,b for a
-#                                              subset), the Llama load benchmark, the main job
+#   TESTS=1 VLLM=0 COVERAGE=0 BENCH=0 MAIN_JOB=0 ...  pick parts: the GPU tests, the vLLM adaptor round trip,
+#                                              tools/bench_coverage.py (CASES=a,b for a subset, PROFILE=1), the Llama
+#                                              load benchmark, the main job
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD:$PWD/tests PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 XDG_CACHE_HOME=/tmp/xdg
@@ -13,8 +14,11 @@ if [ "${TESTS:-1}" = 1 ]; then
   python3 -m pytest -q -p no:cacheprovider tests/test_gpu_paths.py tests/test_fast_load.py -k gpu \
     2>&1 | tee "$OUT/gpu_tests.log" | grep -v "^DEBUG\|^INFO" | tail -40
 fi
+if [ "${VLLM:-0}" = 1 ]; then  # the vLLM adaptor's round trip on vLLM-shaped bf16 pieces (no vLLM there)
+  python3 tools/gpu_vllm_adaptor.py --device cuda 2>&1 | grep -v "^DEBUG" | tee "$OUT/vllm_adaptor.log" | tail -40
+fi
 if [ "${COVERAGE:-1}" = 1 ]; then
-  COLUMNS=160 python3 tools/bench_coverage.py --device cuda ${CASES:+--cases "$CASES"} --json-out "$OUT/coverage_cuda.json" \
+  COLUMNS=160 python3 tools/bench_coverage.py --device cuda ${CASES:+--cases "$CASES"} ${PROFILE:+--profile} --json-out "$OUT/coverage_cuda.json" \
     2> "$OUT/coverage_cuda.err" | tee "$OUT/coverage_cuda.txt"
   tail -5 "$OUT/coverage_cuda.err"
 fi
