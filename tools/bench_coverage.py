@@ -230,27 +230,40 @@ def _child(a: argparse.Namespace, work: Path, case: str, phase: str) -> dict:
 
 def measure(a: argparse.Namespace, root: Path, case: str, warm: bool) -> dict:
     """Build one case, then load it with torch and with precompile (twice each when ``warm``: the first, untimed
-    round byte-compiles the load path), and time eager's first call."""
+    round byte-compiles the load path), and time eager's first call.  A case torch cannot build or load is
+    still measured for precompile, with torch's error in the row."""
     work = root / case
     work.mkdir(parents=True, exist_ok=True)
     b = _child(a, work, case, "build")
-    b.update(_child(a, work, case, "build-torch"))
-    rounds = 2 if warm else 1
-    for _ in range(rounds):
-        t = _child(a, work, case, f"torch,{b['key']},{b['cache']}")
+    torch_error = None
+    try:
+        b.update(_child(a, work, case, "build-torch"))
+    except RuntimeError as err:
+        torch_error = str(err)
+    t: dict | None = None
+    for _ in range(2 if warm else 1):
+        if torch_error is None:
+            try:
+                t = _child(a, work, case, f"torch,{b['key']},{b['cache']}")
+            except RuntimeError as err:
+                torch_error = str(err)
         o = _child(a, work, case, f"ours,{b['key']},{b['cache']}")
     e = _child(a, work, case, "eager")
-    return {
+    row = {
         "case": case, "engine": o["engine"], "fast_off": b["fast_off"], "symbolic": b["symbolic"],
-        "kernels": b["kernels"], "compile_s": b["compile_s"], "torch_compile_s": b["torch_compile_s"],
-        "torch_load_s": t["load_s"], "load_s": o["load_s"], "load_ratio": t["load_s"] / o["load_s"],
-        "torch_first_call_s": t["first_call_s"], "first_call_s": o["first_call_s"],
-        "eager_first_call_s": e["first_call_s"],
-        "torch_ttfo_s": t["load_s"] + t["first_call_s"], "ttfo_s": o["load_s"] + o["first_call_s"],
-        "ttfo_ratio": (t["load_s"] + t["first_call_s"]) / (o["load_s"] + o["first_call_s"]),
-        "steady_ms": o["steady_ms"], "torch_steady_ms": t["steady_ms"],
-        "equal": o["equal"], "torch_equal": t["equal"], "imported_by_load": o["imported_by_load"],
+        "kernels": b["kernels"], "compile_s": b["compile_s"], "torch_compile_s": b.get("torch_compile_s"),
+        "load_s": o["load_s"], "first_call_s": o["first_call_s"], "eager_first_call_s": e["first_call_s"],
+        "ttfo_s": o["load_s"] + o["first_call_s"], "steady_ms": o["steady_ms"], "equal": o["equal"],
+        "imported_by_load": o["imported_by_load"], "torch_error": torch_error,
     }
+    if t is not None:
+        row.update({
+            "torch_load_s": t["load_s"], "load_ratio": t["load_s"] / o["load_s"],
+            "torch_first_call_s": t["first_call_s"], "torch_ttfo_s": t["load_s"] + t["first_call_s"],
+            "ttfo_ratio": (t["load_s"] + t["first_call_s"]) / (o["load_s"] + o["first_call_s"]),
+            "torch_steady_ms": t["steady_ms"], "torch_equal": t["equal"],
+        })
+    return row
 
 
 def main(argv=None) -> int:
@@ -297,8 +310,13 @@ def main(argv=None) -> int:
             table.add_row(r["case"], f"[red]{r['error'][:60]}", *[""] * 7)
             continue
         eq = "/".join("yes" if v else "NO" for v in r["equal"].values())
-        table.add_row(r["case"], r["engine"] + ("" if r["engine"] == "fast" else f" ({r['fast_off']})"),
-                      f"{r['torch_load_s']:.3f}", f"{r['load_s']:.3f}", f"{r['load_ratio']:.1f}x",
+        engine = r["engine"] + ("" if r["engine"] == "fast" else f" ({r['fast_off']})")
+        if "torch_load_s" not in r:  # torch's own artifact does not build or load: its columns are empty
+            table.add_row(r["case"], engine, "failed", f"{r['load_s']:.3f}", "-",
+                          f"- / {r['first_call_s']:.4f} / {r['eager_first_call_s']:.4f}", f"- / {r['ttfo_s']:.3f}",
+                          "-", eq)
+            continue
+        table.add_row(r["case"], engine, f"{r['torch_load_s']:.3f}", f"{r['load_s']:.3f}", f"{r['load_ratio']:.1f}x",
                       f"{r['torch_first_call_s']:.4f} / {r['first_call_s']:.4f} / {r['eager_first_call_s']:.4f}",
                       f"{r['torch_ttfo_s']:.3f} / {r['ttfo_s']:.3f}", f"{r['ttfo_ratio']:.1f}x", eq)
     con = Console(width=160)
@@ -306,6 +324,8 @@ def main(argv=None) -> int:
     for r in rows:
         if r.get("imported_by_load"):
             con.print(f"{r['case']}: precompile's load imported {', '.join(r['imported_by_load'])}")
+        if r.get("torch_error"):
+            con.print(f"{r['case']}: torch's own artifact failed: {r['torch_error']} (its log is above, on stderr)")
     if a.json_out:
         Path(a.json_out).write_text(json.dumps(rows, indent=1) + "\n")
     return 0 if all("error" not in r and r["engine"] == "fast" and all(r["equal"].values()) for r in rows) else 1

@@ -253,6 +253,9 @@ def report(args: argparse.Namespace, runs: dict) -> int:
         t.add_row(c["piece"], str(tuple(c["compile_range"])), c["outcome"], w["outcome"], f"{w['seconds']:.3f}",
                   str(w["engine_kind"]), w["key"][:12] + (" =" if w["key"] == c["key"] else " != cold"))
     console.print(t)
+    for w in runs["warm"]["records"]:
+        if w.get("fast_off"):
+            console.print(f"{w['piece']} {tuple(w['compile_range'])}: no fast path: {w['fast_off']}")
     s = Table(title="outputs after the warm load")
     for col in ("num_tokens", "equal to fresh compile (bitwise)", "close to eager (bf16)", "max |diff| vs eager"):
         s.add_column(col)

@@ -83,6 +83,7 @@ class PieceRecord:
             ``"uncached"`` (vLLM's cache is disabled: compiled without precompile's cache).
         seconds: wall seconds of the whole call (key, load or build).
         engine_kind: ``"fast"``, ``"portable"`` or ``"compiled"`` (see ``Artifact.engine_kind``).
+        fast_off: why the artifact offers no fast path (its manifest's ``build.fast_off``), or None.
     """
 
     piece: str
@@ -91,6 +92,7 @@ class PieceRecord:
     outcome: str
     seconds: float
     engine_kind: str | None
+    fast_off: str | None = None
 
 
 class PrecompileAdaptor(_interface_base()):  # type: ignore[misc]
@@ -242,7 +244,8 @@ class PrecompileAdaptor(_interface_base()):  # type: ignore[misc]
         if art.engine_kind is None:
             art.engine  # noqa: B018 - build the callable now, so failures and time land here
         seconds = time.perf_counter() - start_time
-        rec = PieceRecord(piece, compile_range, art.key, art.outcome, round(seconds, 4), art.engine_kind)
+        rec = PieceRecord(piece, compile_range, art.key, art.outcome, round(seconds, 4), art.engine_kind,
+                          art.manifest.build.get("fast_off"))
         self.records.append(rec)
         log.info("precompile %s %s range %s: %s in %.3f s (key %s, engine %s)", self.prefix or "-", piece,
                  compile_range, rec.outcome, seconds, art.key[:12], rec.engine_kind)
