@@ -242,3 +242,22 @@ def test_warmup_runs_once_on_zeros_and_leaves_results_alone(artifacts):
     unbound = precompile.load(artifacts("dynamo").art.key, cache=artifacts.cache_url)
     assert unbound.warmup() is False  # parameters are placeholders here, and none is bound
     assert unbound.bind(artifacts("dynamo").model).warmup() is True
+
+
+def test_graph_returning_one_bare_tensor_is_validated_and_fast():
+    """A graph whose output is one tensor, not a tuple (vLLM's split pieces): Inductor's callable returns it
+    unwrapped, the wrapper's ``call`` a tuple of one; the fast path is validated and returns what the graph does."""
+    def f(x, w):
+        return torch.relu(x @ w) * 2
+
+    gm = torch.fx.symbolic_trace(f)
+    assert isinstance(next(n for n in gm.graph.nodes if n.op == "output").args[0], torch.fx.Node)
+    x, w = _graphs.example(), torch.randn(_graphs.D, _graphs.D)
+    art = precompile.standalone_compile(gm, [x, w])
+    assert art.manifest.parts["fast"] is not None, art.manifest.build["fast_off"]
+    assert art.manifest.build["validated"] is True and art.manifest.calling["outputs"] == "single"
+    loaded = precompile.Artifact(art.manifest, art.all_blobs(), source="test")
+    out = loaded(x, w)
+    assert loaded.engine_kind == "fast" and isinstance(out, torch.Tensor)
+    assert_same_output(out, art(x, w), rtol=0, atol=0)
+    assert_same_output(out, f(x, w))

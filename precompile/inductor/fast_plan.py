@@ -147,13 +147,13 @@ def _compare(result: BuildResult, fast: Any, inputs: list[Any], required: bool) 
     fast_inputs = runs.inputs_for_run(inputs, mutated)
     with torch.no_grad():
         try:
-            want = list(result.compiled_fn(*fresh_inputs))
+            want = _as_list(result.compiled_fn(*fresh_inputs))
         except Exception as err:  # noqa: BLE001
             if required:
                 raise
             log.debug("the fresh compile rejects the validation inputs at other sizes (%s); skipped", err)
             return None
-        got = list(fast(*fast_inputs))
+        got = _as_list(fast(*fast_inputs))
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     why = runs.same_values(want, got)
@@ -164,6 +164,12 @@ def _compare(result: BuildResult, fast: Any, inputs: list[Any], required: bool) 
         if why:
             return f"input {i}, which the graph writes to, differs from the freshly compiled callable's ({why})"
     return None
+
+
+def _as_list(out: Any) -> list[Any]:
+    """A callable's outputs as a list: Inductor's callable returns a graph's single output unwrapped, the
+    wrapper's ``call`` a tuple of one."""
+    return list(out) if isinstance(out, (list, tuple)) else [out]
 
 
 def _importable_name(fn: Any) -> str | None:
