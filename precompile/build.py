@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from cache_backends.base import Cache, digest_bytes
-from precompile import __version__, config, fingerprint
+from precompile import __version__, config, fingerprint, symbolic
 from precompile.artifact import Artifact
 from precompile.cache_io import load_from_cache, safe_incr, store, warn_once
 from precompile.coordination import get_or_build
@@ -136,7 +136,7 @@ def build(norm: NormalizedGraph, plan: Plan) -> Artifact:
         raise
     except Exception as err:
         raise BuildError(f"Inductor failed to compile the graph: {type(err).__name__}: {err}") from err
-    shapes, more_inputs = _shapes_after_compile(plan)
+    shapes, more_inputs = symbolic.shapes_after_compile(plan)
     if not plan.runnable:
         more_inputs = []
 
@@ -195,89 +195,6 @@ def build(norm: NormalizedGraph, plan: Plan) -> Artifact:
         shapes=shapes,
     )
     return Artifact(manifest, blobs, engine=result.compiled_fn, bound=norm.bound, source="compiled")
-
-
-def _shapes_after_compile(plan: Plan) -> tuple[dict[str, Any], list[list[Any]]]:
-    """The manifest's ``shapes`` (each symbol's range after the compile and example value, and the size guards)
-    and input sets at other sizes inside the guards to validate the fast path on; empty for a static graph.
-
-    Raises:
-        BuildError: the guards cannot be written down or do not hold for the example inputs.
-    """
-    if plan.symbols is None:
-        return {}, []
-    from precompile.guards import Guards, GuardSyntaxError, with_range
-    from precompile.inductor import shapes, shim
-
-    try:
-        text = shapes.guards(plan.symbols, plan.fake_values)
-        if plan.size_range is not None:
-            text = with_range(text, _sources(plan.specs), *plan.size_range)
-        guards = Guards(text, [s["name"] for s in plan.specs]) if text else None
-    except (ValueError, GuardSyntaxError) as err:
-        raise BuildError(f"the size guards of this symbolic graph cannot be stored ({err}); compile it with "
-                         "dynamic_shapes='from_example_inputs' for one size") from err
-    if guards is not None and guards.failures(plan.run_inputs):
-        raise BuildError(f"the size guards do not hold for the example inputs: {guards.failures(plan.run_inputs)}")
-    ranges = shim.symbol_ranges(plan.symbols.shape_env)
-    symbols = {name: {"range": list(plan.size_range or ranges.get(orig, plan.symbols.ranges[name])),
-                      "hint": plan.symbols.hints.get(name)}
-               for orig, name in plan.symbols.names.items()}
-    return {"symbols": symbols, "guards": text}, _other_sizes(plan, guards, symbols)
-
-
-def _sources(specs: list[dict[str, Any]]) -> list[str]:
-    """How the guards name the one size symbol: ``L['t<i>']`` for a size placeholder, ``L['t<i>'].size()[d]`` for
-    a tensor dim that is exactly the symbol."""
-    out = [f"L['t{i}']" for i, s in enumerate(specs) if isinstance(s.get("size"), str)]
-    out += [f"L['t{i}'].size()[{d}]" for i, s in enumerate(specs) if s.get("type") == "tensor"
-            for d, n in enumerate(s["shape"]) if isinstance(n, str) and n.isidentifier()]
-    return out
-
-
-def _other_sizes(plan: Plan, guards: Any, symbols: dict[str, Any]) -> list[list[Any]]:
-    """One input set at other symbol values inside the guards (the first of hint+1, 2*hint, hint+7, the lower
-    bound that passes), tensors of the new sizes filled with seeded random floats and zero integers; or none."""
-    from precompile.inductor import shapes
-
-    hints = {n: s["hint"] for n, s in symbols.items()}
-    if any(not isinstance(h, int) for h in hints.values()):
-        return []
-    gen = torch.Generator().manual_seed(0)
-    for step in (lambda h: h + 1, lambda h: 2 * h, lambda h: h + 7, None):
-        at = {}
-        for name, h in hints.items():
-            lo, hi = symbols[name]["range"]
-            v = step(h) if step else (lo if lo is not None else h)
-            at[name] = min(max(v, lo if lo is not None else v), hi if hi is not None else v)
-        if at == hints:
-            continue
-        try:
-            inputs = _inputs_at(plan, shapes.sizes_at(plan.fake_values, plan.symbols, at), gen)
-        except (RuntimeError, ValueError, TypeError) as err:  # e.g. sizes an overlapping layout cannot take
-            log.debug("no validation inputs at sizes %s: %s", at, err)
-            continue
-        if guards is None or not guards.failures(inputs):
-            return [inputs]
-    return []
-
-
-def _inputs_at(plan: Plan, sizes: list[Any], gen: torch.Generator) -> list[Any]:
-    inputs: list[Any] = []
-    for value, size in zip(plan.run_inputs, sizes):
-        if size is None:
-            inputs.append(value)
-        elif isinstance(size, int):
-            inputs.append(size)
-        else:
-            shape, stride = size
-            t = torch.empty_strided(shape, stride, dtype=value.dtype, device=value.device)
-            if t.is_floating_point():
-                t.copy_(torch.randn(t.shape, generator=gen).to(t.dtype))
-            else:
-                t.zero_()
-            inputs.append(t)
-    return inputs
 
 
 def _output_aliases(gm: torch.fx.GraphModule) -> tuple[int, bool]:
