@@ -50,6 +50,8 @@ from cache_backends.base import (
     HEX64,
     MISS,
     Cache,
+    StoredBlob,
+    StoredRef,
     _Miss,
     add_counts,
     check_name,
@@ -902,6 +904,91 @@ class LocalCache(Cache):
             )
         return {"ok": not bad and not dangling, "blobs_checked": checked, "bytes_checked": nbytes,
                 "bad_blobs": bad, "dangling_refs": sorted(dangling), "stale_temp_files": stale, "removed": removed}
+
+    # ------------------------------------------------------------------------- upkeep (precompile verify, gc)
+    supports_upkeep = True
+
+    def list_blobs(self) -> list[StoredBlob]:
+        """Every blob file: digest, compressed bytes on disk, mtime (last written or re-put).
+
+        Raises:
+            CacheUnavailableError: ``blob/`` cannot be listed.
+        """
+        blobs, _ = self._scan_blobs()
+        return [StoredBlob(d, st.st_size, st.st_mtime) for d, (_, st) in sorted(blobs.items())]
+
+    def list_refs(self) -> list[StoredRef]:
+        """Every ref file named by a key, garbled ones included; ``last_used`` is its mtime (the LRU clock).
+
+        Raises:
+            CacheUnavailableError: ``ref/`` cannot be listed.
+        """
+        try:
+            entries = sorted(e.path for e in os.scandir(self._ref_dir) if HEX64.match(e.name))
+        except FileNotFoundError:
+            return []
+        except OSError as err:
+            raise CacheUnavailableError(f"could not list refs under {self.root}: {err}") from err
+        out = []
+        for path in entries:
+            try:
+                with open(path, "rb") as f:
+                    st = os.fstat(f.fileno())
+                    text = f.read(256).decode("ascii", "replace").strip()
+            except FileNotFoundError:
+                continue
+            except OSError as err:
+                raise CacheUnavailableError(f"could not read ref {path}: {err}") from err
+            out.append(StoredRef(os.path.basename(path), text, st.st_mtime))
+        return out
+
+    def check_blob(self, digest: str) -> tuple[int | None, str | None]:
+        """Re-hash blob ``digest`` without dropping it: ``(uncompressed bytes, None)`` or ``(None, why)``.
+
+        Raises:
+            ValueError: ``digest`` is not 64 lowercase hex characters.
+            CacheUnavailableError: the file exists but cannot be read.
+        """
+        try:
+            raw = self._blob_path(check_name(digest)).read_bytes()
+        except FileNotFoundError:
+            return None, "missing"
+        except OSError as err:
+            raise CacheUnavailableError(f"could not read blob {digest} under {self.root}: {err}") from err
+        try:
+            data = decompress_frame(raw)
+        except ValueError as err:
+            return None, f"does not decompress ({err})"
+        if digest_bytes(data) != digest:
+            return None, "content does not hash to its name"
+        return len(data), None
+
+    def drop_blob(self, blob: StoredBlob) -> bool:
+        """Delete a listed blob unless its mtime changed since (``put_blob`` refreshed it: a writer uses it).
+
+        Raises:
+            CacheReadOnlyError: the cache is read-only.
+            CacheUnavailableError: the file could not be moved away.
+        """
+        self._check_writable()
+        try:
+            return self._remove_unless(self._blob_path(blob.digest), lambda s: s.st_mtime != blob.last_used)
+        except OSError as err:
+            raise self._write_error(err, f"blob {blob.digest}") from err
+
+    def drop_ref(self, ref: StoredRef) -> bool:
+        """Delete a listed ref unless it was read (a hit refreshes its mtime) or replaced since.
+
+        Raises:
+            CacheReadOnlyError: the cache is read-only.
+            CacheUnavailableError: the file could not be moved away.
+        """
+        self._check_writable()
+        try:
+            return self._remove_unless(self._ref_path(check_name(ref.key, "artifact key")),
+                                       lambda s: s.st_mtime != ref.last_used)
+        except OSError as err:
+            raise self._write_error(err, f"ref {ref.key}") from err
 
     def close(self) -> None:
         """Try once more to persist counters kept in memory; nothing else to release.  Never raises."""
