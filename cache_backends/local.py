@@ -154,10 +154,13 @@ class LocalCache(Cache):
             fresh blobs survive until its ref lands.
         level: zstd compression level of new blobs.
         referenced_digests: overrides :attr:`referenced_digests` for this instance.
+        create: False to open an existing cache only (commands that read or tidy one): a missing ``root`` is an
+            error and no directory is created.
 
     Raises:
         CacheUnavailableError: ``root`` exists and is not a directory, or cannot be created for a reason other
-            than permissions (a directory that cannot be written makes the cache read-only instead).
+            than permissions (a directory that cannot be written makes the cache read-only instead), or does
+            not exist and ``create`` is False.
         ValueError: ``max_bytes`` is not a positive integer or ``grace_s`` is negative.
     """
 
@@ -174,6 +177,7 @@ class LocalCache(Cache):
         grace_s: float = DEFAULT_GRACE_S,
         level: int = DEFAULT_LEVEL,
         referenced_digests: Callable[[bytes], Iterable[str]] | None = None,
+        create: bool = True,
     ):
         self.root = Path(os.path.abspath(os.path.expanduser(os.fspath(root))))
         self._max_bytes_given = max_bytes is not None
@@ -202,7 +206,10 @@ class LocalCache(Cache):
         self.url = self._make_url()
         if self.root.exists() and not self.root.is_dir():
             raise CacheUnavailableError(f"cache directory {self.root} exists and is not a directory")
-        if not self.read_only:
+        if not create and not self.root.is_dir():
+            raise CacheUnavailableError(f"no cache at {self.url}: {self.root} does not exist (nothing was created; "
+                                        "a command that writes, such as warmup or import, creates it)")
+        if not self.read_only and create:
             try:
                 for d in (self._blob_dir, self._ref_dir, self._lock_dir, self._tmp_dir):
                     d.mkdir(parents=True, exist_ok=True)
@@ -213,8 +220,8 @@ class LocalCache(Cache):
 
     # ------------------------------------------------------------------------------------------------ URLs
     @classmethod
-    def from_url(cls, url: str) -> LocalCache:
-        """Open ``file:///abs/dir[?max_bytes=N&read_only=1&grace_s=S&level=L]``.
+    def from_url(cls, url: str, *, create: bool = True) -> LocalCache:
+        """Open ``file:///abs/dir[?max_bytes=N&read_only=1&grace_s=S&level=L]`` (``create``: as the constructor).
 
         ``max_bytes`` is in bytes, ``grace_s`` in seconds; ``read_only`` takes 1/0/true/false.  The path is
         percent-decoded.
@@ -222,6 +229,7 @@ class LocalCache(Cache):
         Raises:
             CacheURLError: the scheme is not ``file``, the URL names a host, the path is not absolute, an option
                 is unknown or malformed, or the URL has a fragment.
+            CacheUnavailableError: as the constructor.
         """
         if not isinstance(url, str):
             raise CacheURLError(f"a cache URL must be a string such as 'file:///var/cache/precompile', got {url!r}")
@@ -253,7 +261,7 @@ class LocalCache(Cache):
                 raise CacheURLError(f"option {name!r} given twice in cache URL {url!r}")
             kwargs[name] = parse(name, raw)
         try:
-            return cls(path, **kwargs)  # type: ignore[arg-type]
+            return cls(path, **kwargs, create=create)  # type: ignore[arg-type]
         except ValueError as err:
             if isinstance(err, CacheError):
                 raise

@@ -8,7 +8,9 @@ never creates a directory, and :func:`probe` checks that every tier answers befo
 
 from __future__ import annotations
 
+import logging
 import os
+import threading
 from collections.abc import Callable, Sequence
 from urllib.parse import unquote, urlsplit
 
@@ -99,6 +101,10 @@ def _open(url: str | Sequence[str], create: bool) -> Cache:
         known = ", ".join(sorted(f"{s}://" for s in _BACKENDS))
         raise CacheURLError(f"no cache backend handles {scheme}:// URLs (in {url!r}); known schemes: {known}")
     if not create and scheme == "file":
+        from cache_backends.local import LocalCache
+
+        if factory == LocalCache.from_url:
+            return LocalCache.from_url(url, create=False)
         _require_directory(url)
     return factory(url)
 
@@ -131,9 +137,25 @@ def probe(cache: Cache) -> None:
         for tier in tiers:
             probe(tier)  # type: ignore[arg-type]
         return
+    quiet = _Quiet()
+    logger = logging.getLogger("precompile.cache")
+    logger.addFilter(quiet)  # the error raised says it all: no warning line before it
     try:
         cache.has_blob(_PROBE_DIGEST)
     except CacheUnavailableError:
         raise
     except CacheError as err:
         raise CacheUnavailableError(f"cache {cache.url} cannot be used: {err}") from err
+    finally:
+        logger.removeFilter(quiet)
+
+
+class _Quiet(logging.Filter):
+    """Drops the records of the thread that installed it (the probe's own warnings)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.thread = threading.get_ident()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.thread != self.thread

@@ -128,7 +128,7 @@ def plan(cache: Cache, *, max_bytes: int | None = None, older_than: float | None
     size = {d: b.stored_bytes for d, b in blobs.items()}
     out.bytes_before = sum(size.values())
     young_orphans = {d for d, b in blobs.items() if d not in count and b.last_used is not None
-                     and now - b.last_used < grace_s}
+                     and grace_s > 0 and now - b.last_used < grace_s}
     live = sum(size[d] for d in count if d in size) + sum(size[d] for d in young_orphans)
 
     def drop(ref: StoredRef, reason: str) -> None:

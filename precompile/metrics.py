@@ -185,7 +185,8 @@ def register(into: CollectorRegistry) -> None:
 
 
 def serve(port: int, addr: str = "0.0.0.0") -> Any:
-    """Serve :func:`registry` on ``http://addr:port/metrics`` from a daemon thread; returns the server.
+    """Serve :func:`registry` on ``http://addr:port/`` (any path, e.g. ``/metrics``) from a daemon thread;
+    returns ``(server, thread)`` (``port=0`` picks a free port: ``server.server_port``).
 
     Raises:
         OSError: the port cannot be bound.

@@ -91,16 +91,19 @@ def diff(a: str, b: str | None, cache_url: str | None, count: int, as_json: bool
 @main.command()
 @click.argument("target")
 @cache_option
+@click.option("--from", "from_url", default=None, metavar="URL",
+              help="The cache TARGET is stored in, e.g. the local cache of the pod that missed (default: --cache).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def explain(target: str, cache_url: str | None, as_json: bool) -> None:
-    """Say why TARGET (a key, a unique key prefix, or an artifact file from another machine) is or would be a
-    miss in the cache: whether its key is stored and, if not, the closest stored artifact and the factors that
-    differ.  PRECOMPILE_EXPLAIN=1 makes every miss of standalone_compile log the same line."""
+def explain(target: str, cache_url: str | None, from_url: str | None, as_json: bool) -> None:
+    """Say why TARGET (a key or unique key prefix, in --from or the cache, or an artifact file from another
+    machine) is or would be a miss in the cache: whether its key is stored there and, if not, the closest stored
+    artifact and the factors that differ.  PRECOMPILE_EXPLAIN=1 makes every miss of standalone_compile log the
+    same line."""
     from precompile.diff import explain_miss, nearest
     from precompile.lookup import open_target, stored_manifests
 
     cache = _opener(cache_url)
-    source = open_target(target, cache)
+    source = open_target(target, _opener(from_url) if from_url else cache)
     stored = stored_manifests(cache())
     hit = any(k == source.key and m is not None for k, m in stored)
     names = [str(p.get("name", "")) for p in source.manifest.get("placeholders") or []]

@@ -94,12 +94,12 @@ def gc(cache_url: str | None, max_bytes: str | None, older_than: str | None, gra
         entry = {"plan": plan.to_dict(), "dry_run": dry_run}
         if not as_json:
             con = console()
-            t = table(f"gc {tier.url}{' (dry run)' if dry_run else ''}: {len(plan.refs)} artifacts and "
-                      f"{len(plan.blobs)} blobs go, {human_bytes(plan.bytes_before)} -> "
-                      f"{human_bytes(plan.bytes_after)} stored", ["artifact", "last used", "why"])
+            t = table(f"gc {tier.url}{' (dry run)' if dry_run else ''}", ["artifact", "last used", "why"])
             for r in plan.refs:
-                t.add_row(r.key[:16], _when(r.last_used), plan.reasons[r.key])
+                t.add_row(r.key, _when(r.last_used), plan.reasons[r.key])
             con.print(t)
+            con.print(f"plan: {len(plan.refs)} artifacts ({plan.refs_kept} kept) and {len(plan.blobs)} blobs go; "
+                      f"{human_bytes(plan.bytes_before)} -> {human_bytes(plan.bytes_after)} stored (compressed)")
         if not dry_run:
             result = evict.execute(tier, plan)
             entry["deleted"] = result.to_dict()
