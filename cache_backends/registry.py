@@ -87,7 +87,8 @@ def _open(url: str | Sequence[str], create: bool) -> Cache:
 
         return TieredCache(_open(tiers[0], create), _open(tiers[1], create))
     if not isinstance(url, str) or not url.strip():
-        raise CacheURLError(f"a cache URL must be a non-empty string such as 'file:///var/cache/precompile', got {url!r}")
+        raise CacheURLError(f"a cache URL must be a non-empty string such as 'file:///var/cache/precompile', "
+                            f"got {url!r}")
     url = url.strip()
     _register_builtin()
     if "://" not in url:

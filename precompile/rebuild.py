@@ -143,7 +143,8 @@ def _compare(got: Any, want: Any) -> str | None:
         if isinstance(b, torch.Tensor):
             try:
                 rtol, atol = torch.testing._comparison.default_tolerances(b)
-                torch.testing.assert_close(a, b, rtol=4 * rtol, atol=4 * atol, check_device=False)
+                torch.testing.assert_close(a.detach() if isinstance(a, torch.Tensor) else a, b.detach(),
+                                           rtol=4 * rtol, atol=4 * atol, check_device=False)
             except (AssertionError, TypeError, ValueError) as err:
                 return f"output {i}: {str(err).splitlines()[0]}"
         elif a != b:

@@ -22,8 +22,8 @@ RECIPE = "tests.fixtures_models:tiny_mlp"
 def cli(*args: str, env: dict | None = None, check: bool = True, cwd: str | None = None,
         timeout: float = 600) -> subprocess.CompletedProcess:
     """Run ``python -m precompile ARGS`` in a fresh process (tests/test_cli.py runs the console script)."""
-    proc = subprocess.run([sys.executable, "-m", "precompile", *args], capture_output=True, text=True, cwd=cwd or REPO, env=python_env(env),
-                          timeout=timeout)
+    proc = subprocess.run([sys.executable, "-m", "precompile", *args], capture_output=True, text=True,
+                          cwd=cwd or REPO, env=python_env(env), timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"precompile {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
     return proc

@@ -57,21 +57,26 @@ def test_python_dash_m_precompile_and_help():
         assert command in out
 
 
-def test_api_raises_on_a_bad_cache_url():
+def test_api_raises_on_a_bad_cache_url(tmp_path, monkeypatch):
     import torch
 
     import precompile
     from precompile.errors import CacheURLError
 
+    monkeypatch.chdir(tmp_path)
     with pytest.raises(CacheURLError, match="ftp://"):
         precompile.backend(cache="ftp://x")
     gm = torch.fx.symbolic_trace(torch.nn.ReLU())
-    with pytest.raises(CacheURLError, match="not a cache URL"):  # before anything is compiled
-        precompile.standalone_compile(gm, [torch.ones(2)], cache="not a url at all")
+    for url, says in (("ftp://x", "no cache backend handles ftp://"), ("not a url at all", "not a cache URL"),
+                      ("file:///tmp/x?max_bytes=lots", "max_bytes")):
+        with pytest.raises(CacheURLError, match=says):  # raised before anything is compiled
+            precompile.standalone_compile(gm, [torch.ones(2)], cache=url)
+    monkeypatch.setenv("PRECOMPILE_CACHE", "not a url at all")
+    with pytest.raises(CacheURLError, match="PRECOMPILE_CACHE: 'not a url at all'"):
+        precompile.open_cache()
     with pytest.raises(CacheURLError, match="PRECOMPILE_CACHE"):
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setenv("PRECOMPILE_CACHE", "relative/dir")
-            precompile.open_cache()
+        precompile.backend()
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("name, value, call", [
