@@ -25,6 +25,7 @@ import re
 from collections import Counter
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Final
 
 import zstandard
@@ -121,6 +122,27 @@ def hit_rate(counters: dict[str, int]) -> float:
     """hits / (hits + misses), 0.0 when there was no lookup."""
     total = counters.get("hits", 0) + counters.get("misses", 0)
     return counters.get("hits", 0) / total if total else 0.0
+
+
+@dataclass(frozen=True)
+class StoredBlob:
+    """A blob as stored, for upkeep (``precompile verify``/``gc``): its digest, its size as stored (compressed
+    bytes, chunks included) and when it was last written (seconds since the epoch), or read where the backend
+    tracks reads (Redis: now minus the key's idle time); None where unknown."""
+
+    digest: str
+    stored_bytes: int
+    last_used: float | None
+
+
+@dataclass(frozen=True)
+class StoredRef:
+    """A ref as stored: artifact key, the digest it names, and when it was last read or written (the LRU clock;
+    seconds since the epoch, None where unknown).  ``digest`` is the stored text, which may be garbled."""
+
+    key: str
+    digest: str
+    last_used: float | None
 
 
 class Cache(ABC):
@@ -242,6 +264,56 @@ class Cache(ABC):
         c = self.counters()
         out: dict[str, object] = {"url": self.url, "backend": type(self).__name__, **c, "hit_rate": hit_rate(c)}
         return out
+
+    # --------------------------------------------------------------------------- upkeep (verify, gc: optional)
+    #: True if :meth:`list_blobs`, :meth:`list_refs`, :meth:`check_blob`, :meth:`drop_blob` and
+    #: :meth:`drop_ref` work (a tiered cache has none: upkeep runs on each of its tiers).
+    supports_upkeep: bool = False
+
+    def list_blobs(self) -> list[StoredBlob]:
+        """Every stored blob (not verified).
+
+        Raises:
+            CacheUnavailableError: the storage cannot be listed.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot list its blobs")
+
+    def list_refs(self) -> list[StoredRef]:
+        """Every stored ref, garbled ones included (their ``digest`` is not 64 hex characters).
+
+        Raises:
+            CacheUnavailableError: the storage cannot be listed.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot list its refs")
+
+    def check_blob(self, digest: str) -> tuple[int | None, str | None]:
+        """Read blob ``digest`` and re-hash it without dropping anything: ``(uncompressed bytes, None)`` when it
+        is intact, ``(None, why)`` when it is missing or damaged.
+
+        Raises:
+            CacheUnavailableError: the storage cannot be read.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot check a blob")
+
+    def drop_blob(self, blob: StoredBlob) -> bool:
+        """Delete a listed blob, unless the backend sees that it was written again since it was listed (a
+        writer is using it); True if deleted.
+
+        Raises:
+            CacheReadOnlyError: the cache is read-only.
+            CacheUnavailableError: the storage cannot be reached.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot delete a blob")
+
+    def drop_ref(self, ref: StoredRef) -> bool:
+        """Delete a listed ref, unless it names another digest now (or, where the backend tracks it, was read
+        since it was listed); True if deleted.
+
+        Raises:
+            CacheReadOnlyError: the cache is read-only.
+            CacheUnavailableError: the storage cannot be reached.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot delete a ref")
 
     # --------------------------------------------------------------------------------------------- upkeep
     def close(self) -> None:

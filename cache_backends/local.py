@@ -50,6 +50,8 @@ from cache_backends.base import (
     HEX64,
     MISS,
     Cache,
+    StoredBlob,
+    StoredRef,
     _Miss,
     add_counts,
     check_name,
@@ -152,10 +154,13 @@ class LocalCache(Cache):
             fresh blobs survive until its ref lands.
         level: zstd compression level of new blobs.
         referenced_digests: overrides :attr:`referenced_digests` for this instance.
+        create: False to open an existing cache only (commands that read or tidy one): a missing ``root`` is an
+            error and no directory is created.
 
     Raises:
         CacheUnavailableError: ``root`` exists and is not a directory, or cannot be created for a reason other
-            than permissions (a directory that cannot be written makes the cache read-only instead).
+            than permissions (a directory that cannot be written makes the cache read-only instead), or does
+            not exist and ``create`` is False.
         ValueError: ``max_bytes`` is not a positive integer or ``grace_s`` is negative.
     """
 
@@ -172,6 +177,7 @@ class LocalCache(Cache):
         grace_s: float = DEFAULT_GRACE_S,
         level: int = DEFAULT_LEVEL,
         referenced_digests: Callable[[bytes], Iterable[str]] | None = None,
+        create: bool = True,
     ):
         self.root = Path(os.path.abspath(os.path.expanduser(os.fspath(root))))
         self._max_bytes_given = max_bytes is not None
@@ -200,7 +206,10 @@ class LocalCache(Cache):
         self.url = self._make_url()
         if self.root.exists() and not self.root.is_dir():
             raise CacheUnavailableError(f"cache directory {self.root} exists and is not a directory")
-        if not self.read_only:
+        if not create and not self.root.is_dir():
+            raise CacheUnavailableError(f"no cache at {self.url}: {self.root} does not exist (nothing was created; "
+                                        "a command that writes, such as warmup or import, creates it)")
+        if not self.read_only and create:
             try:
                 for d in (self._blob_dir, self._ref_dir, self._lock_dir, self._tmp_dir):
                     d.mkdir(parents=True, exist_ok=True)
@@ -211,8 +220,8 @@ class LocalCache(Cache):
 
     # ------------------------------------------------------------------------------------------------ URLs
     @classmethod
-    def from_url(cls, url: str) -> LocalCache:
-        """Open ``file:///abs/dir[?max_bytes=N&read_only=1&grace_s=S&level=L]``.
+    def from_url(cls, url: str, *, create: bool = True) -> LocalCache:
+        """Open ``file:///abs/dir[?max_bytes=N&read_only=1&grace_s=S&level=L]`` (``create``: as the constructor).
 
         ``max_bytes`` is in bytes, ``grace_s`` in seconds; ``read_only`` takes 1/0/true/false.  The path is
         percent-decoded.
@@ -220,6 +229,7 @@ class LocalCache(Cache):
         Raises:
             CacheURLError: the scheme is not ``file``, the URL names a host, the path is not absolute, an option
                 is unknown or malformed, or the URL has a fragment.
+            CacheUnavailableError: as the constructor.
         """
         if not isinstance(url, str):
             raise CacheURLError(f"a cache URL must be a string such as 'file:///var/cache/precompile', got {url!r}")
@@ -251,7 +261,7 @@ class LocalCache(Cache):
                 raise CacheURLError(f"option {name!r} given twice in cache URL {url!r}")
             kwargs[name] = parse(name, raw)
         try:
-            return cls(path, **kwargs)  # type: ignore[arg-type]
+            return cls(path, **kwargs, create=create)  # type: ignore[arg-type]
         except ValueError as err:
             if isinstance(err, CacheError):
                 raise
@@ -902,6 +912,91 @@ class LocalCache(Cache):
             )
         return {"ok": not bad and not dangling, "blobs_checked": checked, "bytes_checked": nbytes,
                 "bad_blobs": bad, "dangling_refs": sorted(dangling), "stale_temp_files": stale, "removed": removed}
+
+    # ------------------------------------------------------------------------- upkeep (precompile verify, gc)
+    supports_upkeep = True
+
+    def list_blobs(self) -> list[StoredBlob]:
+        """Every blob file: digest, compressed bytes on disk, mtime (last written or re-put).
+
+        Raises:
+            CacheUnavailableError: ``blob/`` cannot be listed.
+        """
+        blobs, _ = self._scan_blobs()
+        return [StoredBlob(d, st.st_size, st.st_mtime) for d, (_, st) in sorted(blobs.items())]
+
+    def list_refs(self) -> list[StoredRef]:
+        """Every ref file named by a key, garbled ones included; ``last_used`` is its mtime (the LRU clock).
+
+        Raises:
+            CacheUnavailableError: ``ref/`` cannot be listed.
+        """
+        try:
+            entries = sorted(e.path for e in os.scandir(self._ref_dir) if HEX64.match(e.name))
+        except FileNotFoundError:
+            return []
+        except OSError as err:
+            raise CacheUnavailableError(f"could not list refs under {self.root}: {err}") from err
+        out = []
+        for path in entries:
+            try:
+                with open(path, "rb") as f:
+                    st = os.fstat(f.fileno())
+                    text = f.read(256).decode("ascii", "replace").strip()
+            except FileNotFoundError:
+                continue
+            except OSError as err:
+                raise CacheUnavailableError(f"could not read ref {path}: {err}") from err
+            out.append(StoredRef(os.path.basename(path), text, st.st_mtime))
+        return out
+
+    def check_blob(self, digest: str) -> tuple[int | None, str | None]:
+        """Re-hash blob ``digest`` without dropping it: ``(uncompressed bytes, None)`` or ``(None, why)``.
+
+        Raises:
+            ValueError: ``digest`` is not 64 lowercase hex characters.
+            CacheUnavailableError: the file exists but cannot be read.
+        """
+        try:
+            raw = self._blob_path(check_name(digest)).read_bytes()
+        except FileNotFoundError:
+            return None, "missing"
+        except OSError as err:
+            raise CacheUnavailableError(f"could not read blob {digest} under {self.root}: {err}") from err
+        try:
+            data = decompress_frame(raw)
+        except ValueError as err:
+            return None, f"does not decompress ({err})"
+        if digest_bytes(data) != digest:
+            return None, "content does not hash to its name"
+        return len(data), None
+
+    def drop_blob(self, blob: StoredBlob) -> bool:
+        """Delete a listed blob unless its mtime changed since (``put_blob`` refreshed it: a writer uses it).
+
+        Raises:
+            CacheReadOnlyError: the cache is read-only.
+            CacheUnavailableError: the file could not be moved away.
+        """
+        self._check_writable()
+        try:
+            return self._remove_unless(self._blob_path(blob.digest), lambda s: s.st_mtime != blob.last_used)
+        except OSError as err:
+            raise self._write_error(err, f"blob {blob.digest}") from err
+
+    def drop_ref(self, ref: StoredRef) -> bool:
+        """Delete a listed ref unless it was read (a hit refreshes its mtime) or replaced since.
+
+        Raises:
+            CacheReadOnlyError: the cache is read-only.
+            CacheUnavailableError: the file could not be moved away.
+        """
+        self._check_writable()
+        try:
+            return self._remove_unless(self._ref_path(check_name(ref.key, "artifact key")),
+                                       lambda s: s.st_mtime != ref.last_used)
+        except OSError as err:
+            raise self._write_error(err, f"ref {ref.key}") from err
 
     def close(self) -> None:
         """Try once more to persist counters kept in memory; nothing else to release.  Never raises."""

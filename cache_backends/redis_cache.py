@@ -53,6 +53,8 @@ from cache_backends.base import (
     HEX64,
     MISS,
     Cache,
+    StoredBlob,
+    StoredRef,
     _Miss,
     add_counts,
     check_name,
@@ -769,6 +771,145 @@ class RedisCache(Cache):
         out.update({"prefix": self.prefix, "ttl_s": self.ttl_s, "chunk_bytes": self.chunk_bytes,
                     "read_only": self.read_only, "cluster": self.cluster})
         return out
+
+    # ------------------------------------------------------------------------- upkeep (precompile verify, gc)
+    supports_upkeep = True
+
+    def _scan_keys(self, pattern: str) -> list[str]:
+        """Every key matching ``pattern`` (SCAN; on every primary of a cluster), sorted.  Call inside _talk."""
+        if self.cluster:
+            names: list[Any] = []
+            for node in self.client.get_primaries():
+                names.extend(self.client.get_redis_connection(node).scan_iter(match=pattern, count=1000))
+        else:
+            names = list(self.client.scan_iter(match=pattern, count=1000))
+        return sorted({n.decode() if isinstance(n, bytes) else str(n) for n in names})
+
+    @staticmethod
+    def _last_used(idle: Any, now: float) -> float | None:
+        return now - idle if isinstance(idle, int) else None  # OBJECT IDLETIME fails under an LFU policy
+
+    def list_blobs(self) -> list[StoredBlob]:
+        """Every blob head: digest, bytes stored (head, plus chunks for a chunked blob), and now minus the head's
+        idle time (Redis's LRU clock: a read refreshes it).
+
+        Raises:
+            CacheUnavailableError: Redis cannot be reached.
+        """
+        with self._talk("listing blobs"):
+            heads = [n for n in self._scan_keys(f"{self.prefix}:blob:*") if n.endswith("}")]
+            digests = [n[n.rindex("{") + 1:-1] for n in heads]
+            pipe = self.client.pipeline(transaction=False)
+            for name in heads:
+                pipe.strlen(name)
+                pipe.getrange(name, 0, len(_MAGIC) + _HEAD_CHUNKED.size)
+                pipe.object("idletime", name)
+            replies = pipe.execute(raise_on_error=False) if heads else []
+        now = time.time()
+        out = []
+        for i, digest in enumerate(digests):
+            size, start, idle = replies[3 * i:3 * i + 3]
+            if not HEX64.match(digest) or not isinstance(size, int):
+                continue
+            if self._chunk_count(start) is not None:
+                size += _HEAD_CHUNKED.unpack_from(start, len(_MAGIC) + 1)[1]
+            out.append(StoredBlob(digest, size, self._last_used(idle, now)))
+        return out
+
+    def list_refs(self) -> list[StoredRef]:
+        """Every ref (garbled ones too) with now minus its idle time (a hit reads it, so this is its LRU clock).
+
+        Raises:
+            CacheUnavailableError: Redis cannot be reached.
+        """
+        with self._talk("listing refs"):
+            names = [n for n in self._scan_keys(f"{self.prefix}:ref:*") if HEX64.match(n.rsplit(":", 1)[-1])]
+            pipe = self.client.pipeline(transaction=False)
+            for name in names:
+                pipe.get(name)
+                pipe.object("idletime", name)
+            replies = pipe.execute(raise_on_error=False) if names else []
+        now = time.time()
+        out = []
+        for i, name in enumerate(names):
+            value, idle = replies[2 * i:2 * i + 2]
+            if isinstance(value, bytes):
+                out.append(StoredRef(name.rsplit(":", 1)[-1], value.decode("ascii", "replace").strip()[:256],
+                                     self._last_used(idle, now)))
+        return out
+
+    def check_blob(self, digest: str) -> tuple[int | None, str | None]:
+        """Read blob ``digest`` (head and chunks) and re-hash it without dropping anything:
+        ``(uncompressed bytes, None)`` or ``(None, why)``.
+
+        Raises:
+            ValueError: ``digest`` is not 64 lowercase hex characters.
+            CacheUnavailableError: Redis cannot be reached.
+        """
+        with self._talk(f"checking blob {check_name(digest)[:12]}"):
+            head = self.client.get(self._head_key(digest))
+        if head is None:
+            return None, "missing"
+        kind = head[len(_MAGIC):len(_MAGIC) + 1] if head.startswith(_MAGIC) else b""
+        if kind in (_INLINE_ZSTD, _INLINE_RAW):
+            stored, raw = head[len(_MAGIC) + 1:], kind == _INLINE_RAW
+        else:
+            count = self._chunk_count(head)
+            if count is None:
+                return None, "garbled head"
+            total = _HEAD_CHUNKED.unpack_from(head, len(_MAGIC) + 1)[1]
+            if count > total:
+                return None, f"garbled head ({count} chunks for {total} bytes)"
+            parts: list[bytes] = []
+            per_batch = max(1, PIPELINE_BYTES // self.chunk_bytes)
+            for start in range(0, count, per_batch):
+                for i, chunk in enumerate(self._fetch_chunks(digest, range(start, min(count, start + per_batch)),
+                                                             False), start):
+                    if chunk is None:
+                        return None, f"lacks chunk {i} of {count}"
+                    parts.append(chunk)
+            stored, raw = b"".join(parts), kind == _CHUNKED_RAW
+            if len(stored) != total:
+                return None, f"has {len(stored)} bytes of chunks where its head says {total}"
+        try:
+            data = bytes(stored) if raw else decompress_frame(bytes(stored))
+        except ValueError as err:
+            return None, f"does not decompress ({err})"
+        if digest_bytes(data) != digest:
+            return None, "content does not hash to its name"
+        return len(data), None
+
+    def drop_blob(self, blob: StoredBlob) -> bool:
+        """Delete a blob's head and chunks (Redis cannot tell whether a writer re-put it since it was listed).
+
+        Raises:
+            CacheReadOnlyError: the cache is read-only.
+            CacheUnavailableError: Redis cannot be reached.
+        """
+        head_key = self._head_key(check_name(blob.digest))
+        with self._talk(f"deleting blob {blob.digest[:12]}", write=True):
+            start = self.client.getrange(head_key, 0, len(_MAGIC) + _HEAD_CHUNKED.size)
+            count = self._chunk_count(start) or 0
+            if count and count > _HEAD_CHUNKED.unpack_from(start, len(_MAGIC) + 1)[1]:
+                count = 0  # a garbled count: the head goes, stray chunks expire or stay unreferenced
+            pipe = self.client.pipeline(transaction=False)
+            pipe.delete(head_key)
+            for i in range(count):
+                pipe.delete(self._chunk_key(blob.digest, i))
+            return bool(pipe.execute()[0])
+
+    def drop_ref(self, ref: StoredRef) -> bool:
+        """Delete a listed ref if it still names the same digest (compare-and-delete in Lua).
+
+        Raises:
+            CacheReadOnlyError: the cache is read-only.
+            CacheUnavailableError: Redis cannot be reached.
+        """
+        rkey = self._ref_key(check_name(ref.key, "artifact key"))
+        with self._talk(f"deleting ref {ref.key[:12]}", write=True):
+            if not HEX64.match(ref.digest):
+                return bool(self.client.delete(rkey))
+            return bool(self._release(keys=[rkey], args=[ref.digest]))
 
     def ping(self) -> bool:
         """True if the server answers PING now (no breaker)."""

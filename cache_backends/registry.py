@@ -1,15 +1,27 @@
-"""Open a cache from a URL string.  Backends register by scheme (dogpile's string-named backends)."""
+"""Open a cache from a URL string.  Backends register by scheme (dogpile's string-named backends).
+
+A URL that cannot be right is an error, never a silent downgrade: a malformed URL, an unknown scheme, a bad
+option or a relative path raises :class:`~precompile.errors.CacheURLError` (and names ``PRECOMPILE_CACHE`` when
+the URL came from it).  ``open_cache(url, create=False)`` is for commands that only read or tidy a cache: it
+never creates a directory, and :func:`probe` checks that every tier answers before such a command reports on it.
+"""
 
 from __future__ import annotations
 
+import logging
+import os
+import threading
 from collections.abc import Callable, Sequence
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from cache_backends.base import Cache
 from precompile import config
-from precompile.errors import CacheURLError
+from precompile.errors import CacheError, CacheUnavailableError, CacheURLError
 
 _BACKENDS: dict[str, Callable[[str], Cache]] = {}
+
+#: A digest no blob has (sha256 of nothing is e3b0...; this one is all zeros): what :func:`probe` asks for.
+_PROBE_DIGEST = "0" * 64
 
 
 def register_backend(scheme: str, factory: Callable[[str], Cache]) -> None:
@@ -32,23 +44,38 @@ def _open_redis(url: str) -> Cache:
     return RedisCache.from_url(url)
 
 
-def open_cache(url: str | Cache | Sequence[str] | None = None) -> Cache:
+def open_cache(url: str | Cache | Sequence[str] | None = None, *, create: bool = True) -> Cache:
     """Open the cache a URL names.
 
     Args:
-        url: ``file:///abs/dir`` (a plain path is taken as ``file://``), ``redis://``/``rediss://``/``unix://``
-            (see :class:`cache_backends.redis_cache.RedisCache`), a tiered cache as two URLs joined by ``|`` or
-            a list of two URLs (near tier first; :class:`cache_backends.tiered.TieredCache`), an already open
-            :class:`Cache` (returned as is), or None for ``$PRECOMPILE_CACHE``, else the embedded default
-            ``$XDG_CACHE_HOME/precompile`` (``~/.cache/precompile``).
+        url: ``file:///abs/dir`` (an absolute path, or one starting with ``~``, is taken as ``file://``),
+            ``redis://``/``rediss://``/``unix://`` (see :class:`cache_backends.redis_cache.RedisCache`), a tiered
+            cache as two URLs joined by ``|`` or a list of two URLs (near tier first;
+            :class:`cache_backends.tiered.TieredCache`), an already open :class:`Cache` (returned as is), or
+            None for ``$PRECOMPILE_CACHE``, else the embedded default ``$XDG_CACHE_HOME/precompile``
+            (``~/.cache/precompile``).
+        create: False for commands that read or tidy a cache: a local directory that does not exist is an error
+            instead of a new, empty cache (nothing is created).  Remote tiers are not contacted here (see
+            :func:`probe`).
 
     Raises:
-        CacheURLError: the URL's scheme has no backend, or the URL is malformed.
+        CacheURLError: the URL is malformed, relative, names a scheme no backend handles, or has a bad option.
+        CacheUnavailableError: ``create`` is False and a local cache directory does not exist (or is not a
+            directory); or a Redis Cluster cannot be reached to be opened.
     """
     if isinstance(url, Cache):
         return url
     if url is None:
         url = config.default_cache_url()
+        if os.environ.get("PRECOMPILE_CACHE", "").strip():
+            try:
+                return _open(url, create)
+            except CacheURLError as err:
+                raise CacheURLError(f"PRECOMPILE_CACHE: {err}") from err
+    return _open(url, create)
+
+
+def _open(url: str | Sequence[str], create: bool) -> Cache:
     if isinstance(url, str) and "|" in url:
         url = url.split("|")
     if isinstance(url, (list, tuple)):
@@ -58,18 +85,78 @@ def open_cache(url: str | Cache | Sequence[str] | None = None) -> Cache:
                                 f"'file:///var/cache/precompile|redis://cache:6379/0'), got {url!r}")
         from cache_backends.tiered import TieredCache
 
-        return TieredCache(open_cache(tiers[0]), open_cache(tiers[1]))
+        return TieredCache(_open(tiers[0], create), _open(tiers[1], create))
     if not isinstance(url, str) or not url.strip():
-        raise CacheURLError(f"a cache URL must be a non-empty string such as 'file:///var/cache/precompile', got {url!r}")
+        raise CacheURLError(f"a cache URL must be a non-empty string such as 'file:///var/cache/precompile', "
+                            f"got {url!r}")
     url = url.strip()
     _register_builtin()
-    scheme = urlsplit(url).scheme.lower() if "://" in url else "file"
-    if scheme == "file" and "://" not in url:
-        import os
-
+    if "://" not in url:
+        if not (url.startswith("/") or url.startswith("~")):
+            raise CacheURLError(f"{url!r} is not a cache URL: use file:///absolute/dir (or an absolute path), "
+                                "redis://host:6379/0, rediss://, unix:///path/redis.sock, or two of them joined by |")
         url = "file://" + os.path.abspath(os.path.expanduser(url))
+    scheme = urlsplit(url).scheme.lower()
     factory = _BACKENDS.get(scheme)
     if factory is None:
         known = ", ".join(sorted(f"{s}://" for s in _BACKENDS))
         raise CacheURLError(f"no cache backend handles {scheme}:// URLs (in {url!r}); known schemes: {known}")
+    if not create and scheme == "file":
+        from cache_backends.local import LocalCache
+
+        if factory == LocalCache.from_url:
+            return LocalCache.from_url(url, create=False)
+        _require_directory(url)
     return factory(url)
+
+
+def _require_directory(url: str) -> None:
+    """Raise unless the directory of a well-formed ``file://`` URL exists (a malformed one is left to the
+    backend, whose error is better)."""
+    parts = urlsplit(url)
+    path = unquote(parts.path)
+    if parts.netloc not in ("", "localhost") or not os.path.isabs(path):
+        return
+    if not os.path.isdir(path):
+        what = "is not a directory" if os.path.exists(path) else "does not exist"
+        raise CacheUnavailableError(f"no cache at {url}: {path} {what} (nothing was created; a command that "
+                                    "writes, such as warmup or import, creates it)")
+
+
+def probe(cache: Cache) -> None:
+    """Check that every tier of ``cache`` answers now: one existence check of a blob no cache holds.
+
+    Commands that report on a cache (ls, stats, inspect, verify...) call it first, so that a Redis that is down
+    is one clear error instead of an empty listing or zero counters.  A cache that was reachable and fails
+    later still degrades to misses, as everywhere else.
+
+    Raises:
+        CacheUnavailableError: a tier cannot be reached (the message is the backend's, naming the server).
+    """
+    tiers = [getattr(cache, "local", None), getattr(cache, "remote", None)]
+    if all(isinstance(t, Cache) for t in tiers):
+        for tier in tiers:
+            probe(tier)  # type: ignore[arg-type]
+        return
+    quiet = _Quiet()
+    logger = logging.getLogger("precompile.cache")
+    logger.addFilter(quiet)  # the error raised says it all: no warning line before it
+    try:
+        cache.has_blob(_PROBE_DIGEST)
+    except CacheUnavailableError:
+        raise
+    except CacheError as err:
+        raise CacheUnavailableError(f"cache {cache.url} cannot be used: {err}") from err
+    finally:
+        logger.removeFilter(quiet)
+
+
+class _Quiet(logging.Filter):
+    """Drops the records of the thread that installed it (the probe's own warnings)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.thread = threading.get_ident()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.thread != self.thread

@@ -17,9 +17,10 @@ from typing import Any
 import torch
 
 from cache_backends.base import Cache
-from precompile import config, fingerprint
+from precompile import fingerprint, metrics
 from precompile.errors import ArtifactNotFoundError, EnvironmentMismatchError, InputMismatchError
 from precompile.inputs import CallChecks, size_at
+from precompile.lookup import is_key_prefix, resolve_key
 from precompile.manifest import Manifest
 
 log = logging.getLogger("precompile")
@@ -303,12 +304,16 @@ class Artifact:
 
         Raises:
             ValueError: ``format`` is neither ``"binary"`` nor ``"unpacked"``.
+            FileNotFoundError: the directory ``path`` is in does not exist (``"binary"``; ``"unpacked"`` creates it).
             ArtifactNotFoundError: a part of the artifact could not be read to write it.
             OSError: the file system refused the write.
         """
         from precompile import formats
 
         path = Path(path)
+        if format == "binary" and not path.parent.is_dir():
+            raise FileNotFoundError(2, f"cannot save artifact {self.key[:12]} to {path}: directory {path.parent} "
+                                       "does not exist", str(path.parent))
         blobs = self.all_blobs()
         manifest = self.manifest.to_json()
         if format == "binary":
@@ -353,8 +358,8 @@ def load(path_or_key: str | os.PathLike[str], *, cache: str | Cache | None = Non
     """Load an artifact from a file, an unpacked directory, or a cache by key.
 
     Args:
-        path_or_key: a path written by :meth:`Artifact.save` (format detected), or a 64-hex artifact key to
-            look up in ``cache``.
+        path_or_key: a path written by :meth:`Artifact.save` (format detected), or an artifact key (64 hex
+            characters) or a unique key prefix (6 or more), as the command line takes, to look up in ``cache``.
         cache: cache URL or open cache for a key (default: ``$PRECOMPILE_CACHE`` / the local default).
         weights: optional weights to :meth:`Artifact.bind` (a module or ``{fqn: tensor}``).
         warmup: run :meth:`Artifact.warmup` before returning (counted in ``load_seconds``), so that the first
@@ -364,7 +369,10 @@ def load(path_or_key: str | os.PathLike[str], *, cache: str | Cache | None = Non
         the artifact; its engine is built on the first call.
 
     Raises:
-        ArtifactNotFoundError: no such file/directory, or the cache has no (intact) artifact for the key.
+        ArtifactNotFoundError: no such file/directory, or the cache has no (intact) artifact for the key, or no
+            key starts with the prefix (or the cache cannot be listed to find it).
+        AmbiguousKeyError: several keys start with the prefix (the message lists them).
+        CacheURLError: ``cache`` is not a valid cache URL.
         ArtifactFormatError: the file is not a precompile artifact, is truncated, or a part fails its digest.
         EnvironmentMismatchError: the artifact was built for another torch/CPU ISA/GPU.
     """
@@ -373,29 +381,30 @@ def load(path_or_key: str | os.PathLike[str], *, cache: str | Cache | None = Non
     p = Path(text)
     if p.exists():
         art = _load_path(p)
-    elif _is_key(text):
+    elif is_key_prefix(text):
+        from cache_backends.registry import open_cache
         from precompile.cache_io import load_from_cache
+        from precompile.errors import CacheError
 
-        art = load_from_cache(text, cache)
+        c = open_cache(cache)
+        try:
+            key = resolve_key(c, text)
+        except CacheError as err:
+            raise ArtifactNotFoundError(f"cannot look key prefix {text!r} up in {c.url}: {err}") from err
+        art = load_from_cache(key, c)
         if art is None:
-            raise ArtifactNotFoundError(f"no intact artifact with key {text} in cache {_cache_url(cache)}")
+            raise ArtifactNotFoundError(f"no intact artifact with key {key} in cache {c.url}")
     else:
-        raise ArtifactNotFoundError(f"{text!r} is neither an existing artifact path nor a 64-hex artifact key")
+        raise ArtifactNotFoundError(f"{text!r} is neither an existing artifact path nor an artifact key (64 hex "
+                                    "characters) or key prefix (6 or more)")
     if weights is not None:
         art.bind(weights)
     art.engine  # build the callable now: load errors surface here, and load_seconds is the whole load
     if warmup:
         art.warmup()
     art.load_seconds = time.perf_counter() - start
+    metrics.record_load(art, art.load_seconds)
     return art
-
-
-def _cache_url(cache: str | Cache | None) -> str:
-    return cache.url if isinstance(cache, Cache) else (cache or config.default_cache_url())
-
-
-def _is_key(text: str) -> bool:
-    return len(text) == 64 and all(c in "0123456789abcdef" for c in text)
 
 
 def _load_path(p: Path) -> Artifact:

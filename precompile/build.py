@@ -11,11 +11,11 @@ from typing import Any
 import torch
 
 from cache_backends.base import Cache, digest_bytes
-from precompile import __version__, config, fingerprint, symbolic
+from precompile import __version__, config, fingerprint, metrics, symbolic
 from precompile.artifact import Artifact
 from precompile.cache_io import load_from_cache, safe_incr, store, warn_once
 from precompile.coordination import get_or_build
-from precompile.errors import BuildError, CacheError, PrecompileError
+from precompile.errors import BuildError, CacheError, CacheURLError, PrecompileError
 from precompile.graph import NormalizedGraph, canonical_json, readable_code
 from precompile.manifest import Manifest
 from precompile.plan import DYNAMIC_SHAPES, Plan, compute_key, input_specs, prepare  # noqa: F401 - re-exported
@@ -64,6 +64,8 @@ def standalone_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], 
     Raises:
         ValueError: bad ``dynamic_shapes``, or a ``size_range`` for a graph without one size symbol;
             OptionsError: bad ``options``.
+        CacheURLError: ``cache`` is not a valid cache URL (a typo never silently costs the cache).
+        ConfigError: a ``PRECOMPILE_*`` environment variable holds a bad value.
         UnserializableGraphError: a node holds something an artifact cannot store (nothing is written).
         InputMismatchError: example inputs do not line up with the graph's placeholders.
         BuildError: Inductor failed; its exception is chained.
@@ -71,6 +73,7 @@ def standalone_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], 
     from cache_backends.registry import open_cache
 
     config.engine_mode()  # a bad PRECOMPILE_ENGINE is the caller's error, not a failed load to rebuild over
+    explain = config.explain_misses()
     norm, plan = prepare(gm, example_inputs, dynamic_shapes=dynamic_shapes, options=options, key_extra=key_extra,
                          runnable=runnable, size_range=size_range)
     key = plan.key
@@ -78,7 +81,9 @@ def standalone_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], 
     if cache is not None:
         try:
             c = open_cache(cache)
-        except CacheError as err:
+        except CacheURLError:
+            raise
+        except CacheError as err:  # e.g. a Redis Cluster down at start: an outage, not a typo
             log.warning("cache %s cannot be opened (%s); compiling without it", cache, err)
     if c is None:
         return build(norm, plan)
@@ -95,23 +100,42 @@ def standalone_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], 
             warn_once(c, f"artifact {key[:12]} from {c.url} failed to load ({type(err).__name__}: {err}); "
                          "rebuilding it", kind="engine load")
             safe_incr(c, errors=1)
+            metrics.note_miss("load_failed")
             return None
         art.load_seconds = time.perf_counter() - start
         log.info("cache hit %s (%s) in %.3f s", key[:12], c.url, art.load_seconds)
         return art
 
     def build_and_store() -> Artifact:
+        if explain:
+            _explain_miss(c, plan)
         art = build(norm, plan)
         safe_incr(c, builds=1)
         if store(c, art):
             log.info("stored %s in %s (%d bytes)", key[:12], c.url, art.manifest.total_bytes())
         return art
 
+    started, remote_errors = time.perf_counter(), getattr(c, "remote_errors", 0)
+    metrics.take_miss_reason()
     art, outcome = get_or_build(c, key, load_stored, build_and_store)
     if outcome == "hit":
         safe_incr(c, hits=1)
     art.outcome = outcome
+    metrics.record_lookup(outcome, art, time.perf_counter() - started, metrics.take_miss_reason(),
+                          getattr(c, "remote_errors", 0) - remote_errors)
     return art
+
+
+def _explain_miss(cache: Cache, plan: Plan) -> None:
+    """Log the stored artifact closest to ``plan``'s key and what differs (``PRECOMPILE_EXPLAIN=1``)."""
+    from precompile.diff import explain_miss
+    from precompile.lookup import stored_manifests
+
+    try:
+        names = [s["name"] for s in plan.specs]
+        log.warning("%s", explain_miss(plan.key, plan.factors, stored_manifests(cache), names))
+    except CacheError as err:
+        log.warning("cannot explain the miss of %s: %s", plan.key[:12], err)
 
 
 def build(norm: NormalizedGraph, plan: Plan) -> Artifact:

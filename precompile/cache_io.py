@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from cache_backends.base import MISS, Cache
+from precompile import metrics
 from precompile.errors import ArtifactFormatError, ArtifactNotFoundError, CacheError
 from precompile.manifest import Manifest
 
@@ -36,6 +37,7 @@ def load_from_cache(key: str, cache: str | Cache | None, *, bound: dict[int, tor
     try:
         digest = c.get_ref(key)
         if digest is MISS:
+            metrics.note_miss("absent")
             return None
         raw = c.get_blob(digest)
         if raw is MISS:
@@ -59,6 +61,7 @@ def load_from_cache(key: str, cache: str | Cache | None, *, bound: dict[int, tor
         warn_once(c, f"cache {c.url} failed while reading artifact {key[:12]}: {err}; treating it as a miss",
                   kind=f"read {type(err).__name__}")
         safe_incr(c, errors=1)
+        metrics.note_miss("cache_error")
         return None
     from precompile.artifact import Artifact, check_environment
 
@@ -78,6 +81,7 @@ def load_from_cache(key: str, cache: str | Cache | None, *, bound: dict[int, tor
 
 def _drop_ref(cache: Cache, key: str, why: str) -> None:
     # corrupt blobs were already counted under ``errors`` by the backend that dropped them
+    metrics.note_miss("damaged")
     log.warning("cache entry %s in %s is unusable (%s); dropping it so it is rebuilt", key[:12], cache.url, why)
     try:
         cache.delete_ref(key)

@@ -68,11 +68,13 @@ class Backend:
 
     def __post_init__(self) -> None:
         from cache_backends.registry import open_cache
-        from precompile.errors import CacheError
+        from precompile.errors import CacheError, CacheURLError
 
         try:
             self.cache = open_cache(self.cache)
-        except CacheError as err:
+        except CacheURLError:
+            raise  # a typo must not silently cost the cache
+        except CacheError as err:  # an outage at start: compile uncached
             log.warning("cache %s cannot be opened (%s); graphs are compiled without it", self.cache, err)
             self.cache = None
 

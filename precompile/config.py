@@ -11,12 +11,19 @@ temporary directory by setting the environment before the call.
 | ``PRECOMPILE_LOG`` | log level of the ``precompile`` logger (``INFO``, ``DEBUG``...) | unset: inherit |
 | ``PRECOMPILE_ENGINE`` | ``auto`` (fast path where the artifact offers one) or ``portable`` (always rebuild through Inductor's cache entries) | ``auto`` |
 | ``PRECOMPILE_VLLM_PLATFORM`` | ``0`` keeps precompile's vLLM platform plugin inactive (see ``precompile.integrations.vllm_platform``) | ``1`` |
+| ``PRECOMPILE_EXPLAIN`` | ``1``: on a miss, ``standalone_compile`` logs the closest stored artifact and the factors that differ (reads every stored manifest: for debugging) | ``0`` |
+
+A variable that holds a value precompile does not accept is a :class:`~precompile.errors.ConfigError` naming the
+variable, never a silent default.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
+
+from precompile.errors import ConfigError
 
 #: Version of the artifact format (manifest schema, container layout).  Part of every artifact key.
 FORMAT_VERSION = 2
@@ -41,7 +48,7 @@ def local_max_bytes() -> int:
     """Size cap of a local cache in bytes, from ``PRECOMPILE_CACHE_MAX_BYTES`` (default 20 GiB).
 
     Raises:
-        ValueError: the variable is set but is not a positive integer.
+        ConfigError: the variable is set but is not a positive integer.
     """
     raw = os.environ.get("PRECOMPILE_CACHE_MAX_BYTES", "").strip()
     if not raw:
@@ -51,24 +58,54 @@ def local_max_bytes() -> int:
     except ValueError:
         value = -1
     if value <= 0:
-        raise ValueError(f"PRECOMPILE_CACHE_MAX_BYTES must be a positive integer number of bytes, got {raw!r}")
+        raise ConfigError(f"PRECOMPILE_CACHE_MAX_BYTES must be a positive integer number of bytes, got {raw!r}")
     return value
 
 
+#: Level names ``PRECOMPILE_LOG`` accepts (case-insensitive).
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
 def log_level() -> str | None:
-    """Level name from ``PRECOMPILE_LOG``, or None when unset."""
-    return os.environ.get("PRECOMPILE_LOG") or None
+    """Level name from ``PRECOMPILE_LOG`` (upper case), or None when unset or empty.
+
+    Raises:
+        ConfigError: the variable names no logging level.
+    """
+    raw = os.environ.get("PRECOMPILE_LOG", "").strip()
+    if not raw:
+        return None
+    level = raw.upper()
+    if level == "WARN":
+        level = "WARNING"
+    if level not in LOG_LEVELS or not isinstance(logging.getLevelName(level), int):
+        raise ConfigError(f"PRECOMPILE_LOG must be one of {', '.join(LOG_LEVELS)}, got {raw!r}")
+    return level
+
+
+def explain_misses() -> bool:
+    """``PRECOMPILE_EXPLAIN``: whether a miss in ``standalone_compile`` logs the closest stored artifact.
+
+    Raises:
+        ConfigError: the variable holds something other than 1/0/true/false/yes/no/on/off.
+    """
+    raw = os.environ.get("PRECOMPILE_EXPLAIN", "").strip().lower()
+    if raw in ("", "0", "false", "no", "off"):
+        return False
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    raise ConfigError(f"PRECOMPILE_EXPLAIN must be 1 or 0 (true/false), got {os.environ['PRECOMPILE_EXPLAIN']!r}")
 
 
 def engine_mode() -> str:
     """``"auto"`` or ``"portable"`` from ``PRECOMPILE_ENGINE``.
 
     Raises:
-        ValueError: the variable holds another value.
+        ConfigError: the variable holds another value.
     """
     mode = (os.environ.get("PRECOMPILE_ENGINE") or "auto").strip().lower()
     if mode not in ("auto", "portable"):
-        raise ValueError(f"PRECOMPILE_ENGINE must be 'auto' or 'portable', got {mode!r}")
+        raise ConfigError(f"PRECOMPILE_ENGINE must be 'auto' or 'portable', got {mode!r}")
     return mode
 
 

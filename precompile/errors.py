@@ -32,6 +32,12 @@ class CacheReadOnlyError(CacheError, PermissionError):
     """A write was attempted on a cache that is read-only (by configuration or by file permissions)."""
 
 
+# -------------------------------------------------------------------------------------------------- config
+class ConfigError(PrecompileError, ValueError):
+    """An environment variable precompile reads holds a value it does not accept; the message names the
+    variable, its value and what it accepts."""
+
+
 # ------------------------------------------------------------------------------------------------ artifact
 class ArtifactError(PrecompileError):
     """An artifact could not be built, saved, loaded or called."""
@@ -47,6 +53,14 @@ class ArtifactFormatError(ArtifactError, ValueError):
 
 class ArtifactNotFoundError(ArtifactError, FileNotFoundError):
     """No artifact exists under the given path, or the cache holds no artifact for the given key."""
+
+
+class AmbiguousKeyError(ArtifactError, LookupError):
+    """A key prefix matches several artifacts in a cache.  ``matches`` lists the full keys (sorted)."""
+
+    def __init__(self, message: str, matches: list[str] | None = None):
+        super().__init__(message)
+        self.matches = matches or []
 
 
 class EnvironmentMismatchError(ArtifactError):

@@ -74,4 +74,4 @@ def test_bad_recipe_and_shapes_are_usage_errors(tmp_path):
     bad_recipe = cli("warmup", "no_such_module:fn", "--shapes", "1x4", "--cache", url, check=False)
     assert bad_recipe.returncode != 0 and "no_such_module" in bad_recipe.stderr
     missing = cli("inspect", "0" * 64, "--cache", url, check=False)
-    assert missing.returncode != 0 and "not an artifact path" in missing.stderr
+    assert missing.returncode == 1 and f"no artifact {'0' * 64} in {url}" in missing.stderr

@@ -7,6 +7,15 @@
    every graph must come from the cache.  It checks MiniLM's sentence embeddings against eager (cosine >=
    0.9999) and the Llama's logits (allclose), and prints the hit rate, load vs compile seconds and bytes stored.
 
+What each number of the summary is:
+- hit rate: this worker's lookups only (the difference of the cache's hits and misses counters over its run);
+  ``precompile stats`` counts every lookup since the cache was created, the warmup's misses included.
+- warmup wall: seconds the warmup step took (its builds run in parallel processes); build seconds summed: the
+  Inductor compile seconds each artifact recorded, added up over artifacts (more than the wall time when builds
+  ran in parallel); load seconds summed: this worker's loads, added up.
+- logical bytes: each artifact's parts, uncompressed, added up over artifacts (parts two artifacts share count
+  twice); stored bytes: what the cache holds, compressed, each blob once.
+
 Exit status 0 only if every check passes and the worker's hit rate is 100%.
 
     python tools/main_job.py                      # the README's command one
@@ -38,6 +47,7 @@ def _parse() -> argparse.Namespace:
     p.add_argument("--skip-warmup", action="store_true", help="only run the worker")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--json", dest="json_out", default=None, help="also write the worker's results to this file")
+    p.add_argument("--warmup-wall", type=float, default=None, help=argparse.SUPPRESS)
     return p.parse_args()
 
 
@@ -50,7 +60,7 @@ def _cache_url(args: argparse.Namespace) -> str:
 def warm(args: argparse.Namespace, url: str) -> float:
     start = time.perf_counter()
     for recipe in args.recipes.split(","):
-        cmd = [sys.executable, "-m", "precompile.cli", "warmup", recipe, "--shapes", args.shapes, "--cache", url,
+        cmd = [sys.executable, "-m", "precompile", "warmup", recipe, "--shapes", args.shapes, "--cache", url,
                "--jobs", str(args.jobs), "--device", args.device]
         if args.dtype:
             cmd += ["--dtype", args.dtype]
@@ -124,24 +134,37 @@ def worker(args: argparse.Namespace) -> int:
     rate = hits / (hits + misses) if hits + misses else 0.0
     stats = cache.stats()
 
-    table = Table(title=f"fresh worker, cache {cache.url}")
-    for col in ("model", "shape", "key", "from", "load s", "compile s", "load/compile", "check"):
-        table.add_column(col, justify="right" if col.endswith("s") or col == "load/compile" else "left")
+    table = Table(title=f"fresh worker, cache {cache.url}",
+                  caption="load s: this worker's load; build s: the artifact's recorded Inductor compile; "
+                          "bytes: the artifact's parts, uncompressed")
+    for col in ("model", "shape", "key", "from", "load s", "build s", "load/build", "bytes", "check"):
+        table.add_column(col, justify="right" if col in ("load s", "build s", "load/build", "bytes") else "left")
     for r in rows:
         table.add_row(r["recipe"], r["shape"], r["key"][:12], "cache" if r["outcome"] == "hit" else "[red]built",
                       f"{r['load_s']:.2f}", f"{r['compile_s']:.2f}",
-                      f"{r['load_s'] / r['compile_s']:.3f}" if r["compile_s"] else "-",
+                      f"{r['load_s'] / r['compile_s']:.3f}" if r["compile_s"] else "-", human_bytes(r["bytes"]),
                       ("[green]" if r["passed"] else "[red]FAIL ") + r["check"])
     con = Console(width=140)
     con.print(table)
     load_total = sum(r["load_s"] for r in rows)
     compile_total = sum(r["compile_s"] for r in rows)
-    con.print(f"hit rate {100 * rate:.1f}% ({hits} hits, {misses} misses); load {load_total:.2f} s vs compile "
-              f"{compile_total:.2f} s ({compile_total / max(load_total, 1e-9):.1f}x); "
-              f"{human_bytes(stats.get('bytes_stored', 0))} stored in {cache.url}")
+    logical = sum(r["bytes"] for r in rows)
+    stored = stats.get("bytes_stored")
+    con.print(f"this worker's hit rate {100 * rate:.1f}% ({hits} hits, {misses} misses: the change in the cache's "
+              "counters over this run; `precompile stats` counts every lookup since the cache was created)")
+    wall = f"warmup {args.warmup_wall:.1f} s wall; " if args.warmup_wall is not None else ""
+    ratio = compile_total / max(load_total, 1e-9)
+    con.print(f"time: {wall}builds {compile_total:.2f} s summed over {len(rows)} artifacts (parallel builds: not "
+              f"wall time); this worker's loads {load_total:.2f} s summed ({ratio:.1f}x less)")
+    con.print(f"bytes: {human_bytes(logical)} logical (each artifact's parts, uncompressed, summed; shared parts "
+              f"counted per artifact); {human_bytes(stored) if isinstance(stored, int) else 'unknown'} stored "
+              f"(compressed, each blob once) in {cache.url}")
     if args.json_out:
         with open(args.json_out, "w") as f:
-            json.dump({"rows": rows, "hit_rate": rate, "hits": hits, "misses": misses, "stats": stats}, f, indent=1)
+            json.dump({"rows": rows, "hit_rate": rate, "hits": hits, "misses": misses, "stats": stats,
+                       "warmup_wall_seconds": args.warmup_wall, "build_seconds_summed": compile_total,
+                       "load_seconds_summed": load_total, "logical_bytes": logical, "stored_bytes": stored,
+                       "counters_reported": "this worker's change in hits and misses"}, f, indent=1)
     if not ok:
         con.print("[red]a model's output differs from eager")
     if rate < 1.0:
@@ -154,11 +177,14 @@ def main() -> int:
     if args.worker:
         return worker(args)
     url = _cache_url(args)
+    seconds = None
     if not args.skip_warmup:
         seconds = warm(args, url)
-        print(f"warmup done in {seconds:.1f} s", flush=True)
+        print(f"warmup done in {seconds:.1f} s wall", flush=True)
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--cache", url, "--recipes", args.recipes,
            "--shapes", args.shapes, "--device", args.device]
+    if seconds is not None:
+        cmd += ["--warmup-wall", f"{seconds:.3f}"]
     for flag, value in (("--dtype", args.dtype), ("--options", args.options), ("--config", args.config),
                         ("--json", args.json_out)):
         if value:

@@ -1,0 +1,68 @@
+"""``precompile export`` and ``import``: artifacts moved between caches as one verified bundle file."""
+
+from __future__ import annotations
+
+import click
+
+from precompile.cli import main
+from precompile.cli.common import cache_option, console, echo_json, human_bytes, open_existing, open_for_write
+from precompile.cli.common import progress_bar, table
+
+
+@main.command(name="export")
+@click.argument("keys", nargs=-1)
+@cache_option
+@click.option("-o", "--output", required=True, metavar="FILE", help="The bundle file to write.")
+@click.option("--all", "export_all", is_flag=True, help="Export every artifact of the cache.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def export_cmd(keys: tuple[str, ...], cache_url: str | None, output: str, export_all: bool, as_json: bool) -> None:
+    """Write artifacts KEYS (keys or unique key prefixes) into one bundle file: every blob each ref reaches, with
+    a checksum.  `precompile import FILE` loads it into another cache (an air-gapped cluster)."""
+    from precompile.bundle import export
+    from precompile.lookup import resolve_key
+
+    if not keys and not export_all:
+        click.echo("Error: give KEY... or --all", err=True)
+        raise click.exceptions.Exit(2)
+    cache = open_existing(cache_url)
+    full = sorted({k for k, _ in cache.iter_refs()}) if export_all else [resolve_key(cache, k) for k in keys]
+    try:
+        done = export(cache, full, output)
+    except FileNotFoundError as err:
+        click.echo(f"Error: {err}", err=True)
+        raise click.exceptions.Exit(1) from err
+    if as_json:
+        echo_json(done.to_dict())
+        return
+    t = table(f"exported {len(done.refs)} artifacts, {done.blobs} blobs, {human_bytes(done.bytes)} to {done.path}",
+              ["key", "manifest"])
+    for r in done.refs:
+        t.add_row(r["key"], r["digest"][:16])
+    console().print(t)
+
+
+@main.command(name="import")
+@click.argument("bundle", type=click.Path(dir_okay=False))
+@cache_option
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def import_cmd(bundle: str, cache_url: str | None, as_json: bool) -> None:
+    """Check bundle file BUNDLE whole (checksum, every blob's digest, every artifact complete), then write its
+    blobs and refs into the cache.  A bundle that fails a check is refused and nothing is written."""
+    from precompile.bundle import import_bundle, read_header
+
+    try:
+        read_header(bundle)  # a damaged or tampered bundle is refused before the cache is even opened
+        cache = open_for_write(cache_url)
+        with progress_bar("import", disable=as_json) as progress:
+            task = progress.add_task("", total=None)
+            refs, written = import_bundle(bundle, cache, lambda i, n: progress.update(task, completed=i, total=n))
+    except FileNotFoundError as err:
+        click.echo(f"Error: no bundle at {bundle}: {err.strerror}", err=True)
+        raise click.exceptions.Exit(1) from err
+    if as_json:
+        echo_json({"cache": cache.url, "blobs": written, "refs": [vars(r) for r in refs]})
+        return
+    t = table(f"imported {bundle} into {cache.url}: {written} blobs", ["key", "outcome"])
+    for r in refs:
+        t.add_row(r.key, r.outcome)
+    console().print(t)

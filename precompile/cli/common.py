@@ -1,0 +1,109 @@
+"""What every command shares: logging set-up, sizes in words, consoles, the ``--cache`` option, opening a cache."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import sys
+from typing import Any
+
+import click
+
+from precompile import config
+
+
+def setup_logging(quiet: bool = False, verbose: bool = False) -> None:
+    """Send the ``precompile`` logger to stderr at WARNING (quiet), INFO (default) or DEBUG (verbose);
+    ``PRECOMPILE_LOG`` overrides the level.
+
+    Raises:
+        ConfigError: ``PRECOMPILE_LOG`` names no level.
+    """
+    level = config.log_level() or ("DEBUG" if verbose else "WARNING" if quiet else "INFO")
+    logger = logging.getLogger("precompile")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
+        logger.addHandler(handler)
+    logger.setLevel(level)
+    logger.propagate = False
+
+
+def human_bytes(n: float) -> str:
+    """``1536`` -> ``"1.5 KiB"``."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def console():
+    """A rich console on stdout, at least 100 columns wide (tables are not squeezed in a narrow pipe)."""
+    from rich.console import Console
+
+    return Console(soft_wrap=False, width=max(100, shutil.get_terminal_size((140, 40)).columns))
+
+
+def console_err():
+    """A rich console on stderr (progress bars)."""
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+def table(title: str, columns: list[str], right: tuple[str, ...] = ()):
+    """A rich table with ``columns`` (those in ``right`` right-aligned)."""
+    from rich.table import Table
+
+    t = Table(title=title)
+    for col in columns:
+        t.add_column(col, justify="right" if col in right else "left")
+    return t
+
+
+def echo_json(value: Any) -> None:
+    """Print ``value`` as one line of JSON on stdout."""
+    click.echo(json.dumps(value, sort_keys=True))
+
+
+cache_option = click.option("--cache", "cache_url", default=None, metavar="URL",
+                            help="Cache URL (default: $PRECOMPILE_CACHE, else the local cache under $XDG_CACHE_HOME).")
+
+
+def open_existing(url: str | None):
+    """Open a cache that must exist already and answer (for commands that read or tidy it): nothing is created,
+    and an unreachable tier is an error now rather than an empty answer.
+
+    Raises:
+        CacheURLError: the URL is malformed.
+        CacheUnavailableError: the directory does not exist, or a tier does not answer.
+    """
+    from cache_backends.registry import open_cache, probe
+
+    cache = open_cache(url, create=False)
+    probe(cache)
+    return cache
+
+
+def open_for_write(url: str | None):
+    """Open (and create where needed) a cache a command writes into, checking that every tier answers.
+
+    Raises:
+        CacheURLError: the URL is malformed.
+        CacheUnavailableError: a tier does not answer.
+    """
+    from cache_backends.registry import open_cache, probe
+
+    cache = open_cache(url)
+    probe(cache)
+    return cache
+
+
+def progress_bar(label: str, disable: bool = False):
+    """A rich progress bar on stderr: ``with progress_bar("verify") as (bar, task): bar.update(task, ...)``."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    TextColumn("{task.description}"), console=console_err(), disable=disable, transient=False)

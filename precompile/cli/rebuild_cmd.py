@@ -1,0 +1,46 @@
+"""``precompile rebuild``: recompile stored FX graphs for this machine's environment (a new torch or GPU)."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from precompile.cli import main
+from precompile.cli.common import cache_option, console, echo_json, open_existing, table
+
+
+@main.command()
+@click.argument("keys", nargs=-1)
+@cache_option
+@click.option("--force", is_flag=True, help="Rebuild even artifacts built for this environment, or whose new key "
+                                            "is stored already.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def rebuild(keys: tuple[str, ...], cache_url: str | None, force: bool, as_json: bool) -> None:
+    """Recompile stored artifacts for this machine from their stored graph, input specs, options and ambient
+    state, without the model's code; store each under its new key.  Without KEYS: every artifact built for
+    another environment.  Run it on one machine of the new kind before a fleet rolls out.
+
+    Symbolic artifacts are refused (rebuild them by running the model: precompile warmup).  Exits 1 if an
+    artifact failed or was refused."""
+    from precompile.lookup import resolve_key
+    from precompile.rebuild import rebuild_one, stale_keys
+
+    cache = open_existing(cache_url)
+    todo = [resolve_key(cache, k) for k in keys] if keys else stale_keys(cache)
+    rows = []
+    for key in todo:
+        out = rebuild_one(cache, key, force=force)
+        rows.append(out)
+        if not as_json:
+            click.echo(f"{key[:12]}: {out.outcome} ({out.seconds:.1f} s)", err=True)
+    if as_json:
+        echo_json({"cache": cache.url, "rows": [r.to_dict() for r in rows]})
+    else:
+        t = table(f"rebuild in {cache.url}: {len(rows)} artifacts", ["old key", "new key", "seconds", "outcome",
+                                                                    "detail"], right=("seconds",))
+        for r in rows:
+            t.add_row(r.old_key[:16], (r.new_key or "-")[:16], f"{r.seconds:.1f}", r.outcome, r.detail)
+        console().print(t)
+    if any(r.outcome in ("failed", "refused") for r in rows):
+        sys.exit(1)
