@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from cache_backends.base import Cache
 from precompile import config
-from precompile.errors import CacheURLError
+from precompile.errors import CacheURLError, TrustConfigError
+
+#: Query options every backend's URL may carry: keys of signed artifacts (:mod:`precompile.trust`).
+TRUST_OPTIONS = ("verify_keys", "signing_key")
 
 _BACKENDS: dict[str, Callable[[str], Cache]] = {}
 
@@ -40,10 +43,12 @@ def open_cache(url: str | Cache | Sequence[str] | None = None) -> Cache:
             (see :class:`cache_backends.redis_cache.RedisCache`), a tiered cache as two URLs joined by ``|`` or
             a list of two URLs (near tier first; :class:`cache_backends.tiered.TieredCache`), an already open
             :class:`Cache` (returned as is), or None for ``$PRECOMPILE_CACHE``, else the embedded default
-            ``$XDG_CACHE_HOME/precompile`` (``~/.cache/precompile``).
+            ``$XDG_CACHE_HOME/precompile`` (``~/.cache/precompile``).  Any URL may carry ``verify_keys=``
+            (comma-separated ``ed25519:<hex>`` public keys or key files) and ``signing_key=`` (a private key's
+            path): see :mod:`precompile.trust`; a tiered cache uses its tiers' keys together.
 
     Raises:
-        CacheURLError: the URL's scheme has no backend, or the URL is malformed.
+        CacheURLError: the URL's scheme has no backend, the URL is malformed, or a key it names cannot be read.
     """
     if isinstance(url, Cache):
         return url
@@ -58,7 +63,11 @@ def open_cache(url: str | Cache | Sequence[str] | None = None) -> Cache:
                                 f"'file:///var/cache/precompile|redis://cache:6379/0'), got {url!r}")
         from cache_backends.tiered import TieredCache
 
-        return TieredCache(open_cache(tiers[0]), open_cache(tiers[1]))
+        near, far = open_cache(tiers[0]), open_cache(tiers[1])
+        tiered = TieredCache(near, far)
+        tiered.verify_keys = near.verify_keys + far.verify_keys
+        tiered.signing_key = near.signing_key or far.signing_key
+        return tiered
     if not isinstance(url, str) or not url.strip():
         raise CacheURLError(f"a cache URL must be a non-empty string such as 'file:///var/cache/precompile', got {url!r}")
     url = url.strip()
@@ -72,4 +81,41 @@ def open_cache(url: str | Cache | Sequence[str] | None = None) -> Cache:
     if factory is None:
         known = ", ".join(sorted(f"{s}://" for s in _BACKENDS))
         raise CacheURLError(f"no cache backend handles {scheme}:// URLs (in {url!r}); known schemes: {known}")
-    return factory(url)
+    url, trust = _split_trust_options(url)
+    cache = factory(url)
+    if trust:
+        cache.verify_keys = tuple(k for k in trust.get("verify_keys", "").split(",") if k.strip())
+        cache.signing_key = trust.get("signing_key") or None
+        cache.url += ("&" if "?" in cache.url else "?") + urlencode(trust)
+    return cache
+
+
+def _split_trust_options(url: str) -> tuple[str, dict[str, str]]:
+    """``(url without the trust options, {option: value})``; the keys are read now, so a bad one fails here.
+
+    Raises:
+        CacheURLError: an option is given twice or names a key that cannot be read.
+    """
+    parts = urlsplit(url)
+    if not any(name in parts.query for name in TRUST_OPTIONS):
+        return url, {}
+    try:
+        query = parse_qsl(parts.query, keep_blank_values=True, strict_parsing=True)
+    except ValueError as err:
+        raise CacheURLError(f"malformed query in cache URL {url!r}: {err}") from err
+    trust: dict[str, str] = {}
+    for name, value in query:
+        if name in TRUST_OPTIONS:
+            if name in trust:
+                raise CacheURLError(f"option {name!r} given twice in cache URL {url!r}")
+            trust[name] = value
+    from precompile import trust as trust_mod
+
+    try:
+        trust_mod.parse_verify_keys(trust.get("verify_keys", ""))
+        if trust.get("signing_key"):
+            trust_mod.load_signing_key(trust["signing_key"])
+    except TrustConfigError as err:
+        raise CacheURLError(f"cache URL option in {url!r}: {err}") from err
+    rest = urlencode([(n, v) for n, v in query if n not in TRUST_OPTIONS])
+    return urlunsplit((parts.scheme, parts.netloc, parts.path, rest, parts.fragment)), trust

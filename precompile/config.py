@@ -10,6 +10,11 @@ temporary directory by setting the environment before the call.
 | ``PRECOMPILE_CACHE_MAX_BYTES`` | size cap of a local cache, bytes (LRU eviction above it) | 20 GiB |
 | ``PRECOMPILE_LOG`` | log level of the ``precompile`` logger (``INFO``, ``DEBUG``...) | unset: inherit |
 | ``PRECOMPILE_ENGINE`` | ``auto`` (fast path where the artifact offers one) or ``portable`` (always rebuild through Inductor's cache entries) | ``auto`` |
+| ``PRECOMPILE_SIGNING_KEY`` | builders: path of the Ed25519 private key (PEM) every stored or saved manifest is signed with; its public key is trusted too | unset: nothing signed |
+| ``PRECOMPILE_VERIFY_KEYS`` | serving workers: comma-separated Ed25519 public keys (``ed25519:<64 hex>``, or files of them / PEM); set, only artifacts signed by one of them load | unset: nothing checked |
+
+The keys are parsed once per distinct value (:mod:`precompile.trust`); a cache URL may add its own
+(``verify_keys=``, ``signing_key=``).
 """
 
 from __future__ import annotations
@@ -69,3 +74,14 @@ def engine_mode() -> str:
     if mode not in ("auto", "portable"):
         raise ValueError(f"PRECOMPILE_ENGINE must be 'auto' or 'portable', got {mode!r}")
     return mode
+
+
+def signing_key_path() -> str | None:
+    """Path of the Ed25519 private key (PEM) manifests are signed with, from ``PRECOMPILE_SIGNING_KEY``."""
+    return os.environ.get("PRECOMPILE_SIGNING_KEY", "").strip() or None
+
+
+def verify_keys_text() -> str:
+    """``PRECOMPILE_VERIFY_KEYS`` as given (comma-separated keys or key files; empty when unset); parsed by
+    :func:`precompile.trust.parse_verify_keys`."""
+    return os.environ.get("PRECOMPILE_VERIFY_KEYS", "").strip()
