@@ -24,9 +24,15 @@ unless ``counters=1``), which also works with a Redis ACL user allowed only read
 ``ACL SETUSER worker on >pw ~precompile:* +@read +@connection``.  A write rejected with NOPERM turns a cache
 read-only the same way, with one warning.
 
-Unreachable or stalled servers raise :class:`CacheUnavailableError` after ``timeout`` seconds, and the cache
-then fails fast for ``down_s`` seconds (a circuit breaker), so a worker whose Redis is gone pays one timeout,
-not one per blob.
+Unreachable or stalled servers raise :class:`CacheUnavailableError` after one ``timeout`` (a reset connection
+is retried once; a timeout never is), and every cache of the process on that server then fails fast for
+``down_s`` seconds (a circuit breaker shared by the process: :mod:`cache_backends.redis_health`), so a worker
+whose Redis is gone pays one timeout, not one per blob or per call.  Counter increments are queued and sent by a
+background thread, so counting never waits on the network.
+
+Every count and length read from Redis is bounded by what the data holds: a chunk count is trusted only as far
+as chunks exist (a garbled head claiming four billion chunks costs one round trip, not a four-billion-entry
+list), and a frame never decompresses past its stored length times zstd's largest ratio.
 
 The URL and its options are parsed in :mod:`cache_backends.redis_url`, the stored head and chunk format in
 :mod:`cache_backends.redis_codec`, build leases in :mod:`cache_backends.redis_leases`.
@@ -36,9 +42,8 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -48,6 +53,7 @@ import zstandard
 from cache_backends import redis_codec as codec
 from cache_backends.base import HEX64, MISS, Cache, _Miss, add_counts, check_name, digest_bytes, ordered_counters
 from cache_backends.redis_codec import PIPELINE_BYTES, RAW_IF_SAVING_BELOW
+from cache_backends.redis_health import Breaker, CounterSink, server_key
 from cache_backends.redis_leases import RELEASE_LUA, RENEW_LUA, LeasesMixin
 from cache_backends.redis_url import DOWN_ERRORS as _DOWN_ERRORS
 from cache_backends.redis_url import open_client
@@ -62,6 +68,8 @@ log = logging.getLogger("precompile.cache")
 DEFAULT_CHUNK_BYTES = 4 << 20
 #: Default seconds a build lease lives unless renewed (renewed every third of it while the build runs).
 DEFAULT_LEASE_TTL_S = 30.0
+#: Chunk keys per pipeline when deleting or refreshing a blob's chunks.
+CHUNK_BATCH = 256
 #: Default seconds the cache fails fast after the server was found unavailable.
 DEFAULT_DOWN_S = 10.0
 class RedisCache(LeasesMixin, Cache):
@@ -115,9 +123,9 @@ class RedisCache(LeasesMixin, Cache):
         self.cluster = type(client).__name__ == "RedisCluster"
         #: whether counter increments are sent (the one write a read-only cache may be allowed)
         self.write_counters = (not read_only) if counters is None else bool(counters)
-        self._down_until = 0.0
-        self._down_reason = ""
-        self._pending: Counter[str] = Counter()
+        self._breaker = Breaker.for_server(server_key(url))
+        self._pending: Counter[str] = Counter()  # counts this cache may not send (read-only, denied)
+        self._sink = CounterSink.for_hash(server_key(url), self._counters_key, self._send_counts)
         self._lock = threading.Lock()
         self._warned: set[str] = set()
         self._release = client.register_script(RELEASE_LUA)
@@ -161,10 +169,10 @@ class RedisCache(LeasesMixin, Cache):
         """Run Redis commands; map redis-py errors to :class:`CacheError` and trip the breaker when down."""
         if write and self.read_only:
             raise CacheReadOnlyError(self._read_only_message(what))
-        now = time.monotonic()
-        if now < self._down_until:
-            raise CacheUnavailableError(f"Redis at {self.url} is unavailable ({self._down_reason}); "
-                                        f"not retrying for {self._down_until - now:.1f} s more")
+        wait = self._breaker.open_for()
+        if wait > 0:
+            raise CacheUnavailableError(f"Redis at {self.url} is unavailable ({self._breaker.reason}); "
+                                        f"not retrying for {wait:.1f} s more")
         try:
             yield
         except CacheError:
@@ -186,9 +194,7 @@ class RedisCache(LeasesMixin, Cache):
             raise CacheUnavailableError(f"Redis at {self.url} refused {what}: {type(err).__name__}: {err}") from err
 
     def _trip(self, reason: str) -> None:
-        if self.down_s > 0:
-            self._down_until = time.monotonic() + self.down_s
-            self._down_reason = reason
+        self._breaker.trip(self.down_s, reason)
         self._warn_once("down", f"Redis cache {self.url} is unavailable ({reason}); failing fast for "
                                 f"{self.down_s:g} s at a time")
 
@@ -216,12 +222,23 @@ class RedisCache(LeasesMixin, Cache):
                 pipe = self.client.pipeline(transaction=False)
                 for d in digests:
                     pipe.delete(self._head_key(d))
-                    count = self._chunk_count(heads.get(d))
-                    for i in range(count or 0):
-                        pipe.delete(self._chunk_key(d, i))
                 pipe.execute()
+                for d in digests:
+                    self._each_chunk(d, self._chunk_count(heads.get(d)) or 0, lambda p, k: p.delete(k))
         except CacheError as err:
             log.debug("could not drop corrupt blobs from %s: %s", self.url, err)
+
+    def _each_chunk(self, digest: str, count: int, command: Callable[[Any, str], object]) -> None:
+        """Run ``command(pipeline, chunk key)`` on chunks ``0..count-1`` of a blob, in pipelined batches of
+        :data:`CHUNK_BATCH`, stopping after a batch in which no chunk existed (the command answered 0 for every
+        key: DEL, PEXPIRE), so that a garbled head's count costs at most one batch more than the real chunks.
+        Call inside :meth:`_talk`."""
+        for start in range(0, count, CHUNK_BATCH):
+            pipe = self.client.pipeline(transaction=False)
+            for i in range(start, min(count, start + CHUNK_BATCH)):
+                command(pipe, self._chunk_key(digest, i))
+            if not any(pipe.execute()):
+                return
 
     @staticmethod
     def _chunk_count(head: bytes | None) -> int | None:
@@ -339,11 +356,9 @@ class RedisCache(LeasesMixin, Cache):
             if not refresh:
                 return {d: bool(r) for d, r in zip(unique, replies)}
             found = {d: bool(r) for d, r in zip(unique, replies[::2])}
-            pipe = self.client.pipeline(transaction=False)
+            ms = int(self.ttl_s * 1000)  # type: ignore[operator]
             for d, head in zip(unique, replies[1::2]):
-                for i in range(self._chunk_count(head) or 0):
-                    pipe.pexpire(self._chunk_key(d, i), int(self.ttl_s * 1000))  # type: ignore[operator]
-            pipe.execute()
+                self._each_chunk(d, self._chunk_count(head) or 0, lambda p, k: p.pexpire(k, ms))
         return found
 
     def put_blob(self, data: bytes, digest: str | None = None) -> str:
@@ -396,12 +411,8 @@ class RedisCache(LeasesMixin, Cache):
 
     def _refresh_chunks(self, digest: str) -> None:
         head = self.client.get(self._head_key(digest))
-        count = self._chunk_count(head)
-        if count:
-            pipe = self.client.pipeline(transaction=False)
-            for i in range(count):
-                pipe.pexpire(self._chunk_key(digest, i), int(self.ttl_s * 1000))  # type: ignore[operator]
-            pipe.execute()
+        ms = int(self.ttl_s * 1000)  # type: ignore[operator]
+        self._each_chunk(digest, self._chunk_count(head) or 0, lambda p, k: p.pexpire(k, ms))
 
     # ------------------------------------------------------------------------------------------------- refs
     def get_ref(self, key: str) -> str | _Miss:
@@ -492,30 +503,48 @@ class RedisCache(LeasesMixin, Cache):
             self.incr(**counts)
 
     def incr(self, **counts: int) -> None:
-        """Add to the fleet-wide counters (HINCRBY on ``P:counters``, pipelined).  Never raises: counts that
-        cannot be written (read-only, server down) are kept in this process, shown by :meth:`counters` and
-        retried on the next call."""
-        with self._lock:
-            add_counts(self._pending, counts)
-            if not self.write_counters or not self._pending or time.monotonic() < self._down_until:
-                return
-            pending = dict(self._pending)
-            try:
-                with self._talk("updating counters"):
-                    pipe = self.client.pipeline(transaction=False)
-                    for name, value in pending.items():
-                        pipe.hincrby(self._counters_key, name, value)
-                    pipe.execute()
-                self._pending.clear()
-            except CacheError as err:
-                if isinstance(err.__cause__, rex.NoPermissionError):
-                    self.write_counters = False
-                    self._turn_read_only(str(err.__cause__))
-                log.debug("counters of %s kept in memory: %s", self.url, err)
+        """Add to the fleet-wide counters (HINCRBY on ``P:counters``).  Never raises and never waits on the
+        network: the counts are queued for this server's sender thread (:class:`~cache_backends.redis_health.
+        CounterSink`), which sends them in batches.  Counts that may not be written (read-only without
+        ``counters=1``, or denied) stay in this process and are shown by :meth:`counters`."""
+        new: Counter[str] = Counter()
+        add_counts(new, counts)
+        if not new:
+            return
+        if self.write_counters:
+            self._sink.add(new)
+        else:
+            with self._lock:
+                self._pending.update(new)
+
+    def _send_counts(self, counts: dict[str, int]) -> None:
+        """Send one batch of increments in one pipeline (the sink's sender).
+
+        Raises:
+            CacheError: not sent (down, stalled, denied: then counting stops for this cache, with one warning).
+        """
+        try:
+            with self._talk("updating counters"):
+                pipe = self.client.pipeline(transaction=False)
+                for name, value in counts.items():
+                    pipe.hincrby(self._counters_key, name, value)
+                pipe.execute()
+        except CacheError as err:
+            if isinstance(err.__cause__, rex.NoPermissionError):
+                self.write_counters = False
+                self._sink.enabled = False
+                self._turn_read_only(str(err.__cause__))
+            raise
+
+    def flush(self) -> bool:
+        """Send queued counter increments now; True if none is left.  Never raises."""
+        return self._sink.flush()
 
     def counters(self) -> dict[str, int]:
-        """Fleet-wide counters (HGETALL) plus this process's unsent ones.  Never raises: with the server down,
-        only this process's are shown."""
+        """Fleet-wide counters (HGETALL), after sending this process's queued ones, plus those it could not send.
+        Never raises: with the server down, only this process's are shown."""
+        if self.write_counters:
+            self._sink.flush()
         stored: Counter[str] = Counter()
         try:
             with self._talk("reading counters"):
@@ -529,6 +558,7 @@ class RedisCache(LeasesMixin, Cache):
             log.debug("counters of %s unreadable: %s", self.url, err)
         with self._lock:
             stored.update(self._pending)
+        stored.update(self._sink.pending())
         return ordered_counters(stored)
 
     def stats(self) -> dict[str, object]:

@@ -33,6 +33,8 @@ CHUNKED_HEAD_BYTES = len(MAGIC) + 1 + HEAD_CHUNKED.size
 #: Bytes of chunk data requested per pipeline round trip.  Small enough that fetching the next batch overlaps
 #: hashing this one; a loopback round trip costs ~0.1 ms against ~20 ms to move 4 MiB.
 PIPELINE_BYTES = 4 << 20
+#: Most chunks fetched in one round trip (when the reader's chunk size is small).
+MAX_BATCH = 1024
 
 
 @dataclass(frozen=True)
@@ -60,10 +62,13 @@ def head_kind(head: bytes) -> bytes:
 
 
 def parse_chunked(head: bytes | None) -> ChunkedHead | None:
-    """The chunk count and length of a chunked head, or None when ``head`` is not one."""
+    """The chunk count and length of a chunked head, or None when ``head`` is not one or is impossible (no
+    chunk, or more chunks than stored bytes: every chunk holds at least one)."""
     if (head is None or len(head) != CHUNKED_HEAD_BYTES or head_kind(head) not in (CHUNKED_ZSTD, CHUNKED_RAW)):
         return None
     count, total = HEAD_CHUNKED.unpack_from(head, len(MAGIC) + 1)
+    if count < 1 or count > total:
+        return None
     return ChunkedHead(count, total, head_kind(head) == CHUNKED_RAW)
 
 
@@ -89,15 +94,17 @@ def read_chunked(digest: str, head: ChunkedHead, chunk_bytes: int,
     disagree, the frame does not decompress, or the bytes do not hash to ``digest``.
 
     ``fetch(indices)`` returns those chunks (None for a missing one) in one round trip.  Batches of about
-    :data:`PIPELINE_BYTES` are fetched by a helper thread one batch ahead, while this thread decompresses and
-    hashes (zstd and sha256 release the GIL), so a large blob costs about its transfer time.
+    :data:`PIPELINE_BYTES` (at most :data:`MAX_BATCH` chunks) are fetched by a helper thread one batch ahead,
+    while this thread decompresses and hashes (zstd and sha256 release the GIL), so a large blob costs about its
+    transfer time.  Batches are made as they are needed and the read stops at the first missing chunk or at
+    ``total`` bytes: a head that claims more chunks than exist costs one batch more, never memory.
 
     Raises:
         CacheError: ``fetch`` failed.
     """
     count, total = head.count, head.total
-    per_batch = max(1, PIPELINE_BYTES // chunk_bytes)
-    batches = [range(b, min(count, b + per_batch)) for b in range(0, count, per_batch)]
+    per_batch = min(MAX_BATCH, max(1, PIPELINE_BYTES // chunk_bytes))
+    starts = range(0, count, per_batch)
     hasher = hashlib.sha256()
     parts: list[bytes] = []
     stored = produced = 0
@@ -105,11 +112,12 @@ def read_chunked(digest: str, head: ChunkedHead, chunk_bytes: int,
     dobj = None if head.raw else zstandard.ZstdDecompressor().decompressobj()
     why = ""
     with ThreadPoolExecutor(max_workers=1) as pool:
-        ahead = pool.submit(fetch, batches[0])
-        for n in range(len(batches)):
+        ahead = pool.submit(fetch, range(0, min(count, per_batch)))
+        for n in range(len(starts)):
             chunks = ahead.result()
-            if n + 1 < len(batches):
-                ahead = pool.submit(fetch, batches[n + 1])
+            if n + 1 < len(starts):
+                nxt = starts[n + 1]
+                ahead = pool.submit(fetch, range(nxt, min(count, nxt + per_batch)))
             for chunk in chunks:
                 if chunk is None:
                     why = "lacks a chunk (evicted or half written)"

@@ -101,8 +101,9 @@ def open_client(url: str) -> tuple[Any, str, dict[str, Any]]:
         from redis.backoff import ExponentialBackoff
         from redis.retry import Retry
 
-        # one quick retry for a reset connection; a dead server must cost one timeout, not several
-        kwargs["retry"] = Retry(ExponentialBackoff(cap=0.2, base=0.02), 1)
+        # one quick retry for a reset connection (a server restarted, an idle connection closed); never for a
+        # timeout: a stalled server must cost one timeout, not two (redis-py retries timeouts by default)
+        kwargs["retry"] = Retry(ExponentialBackoff(cap=0.2, base=0.02), 1, supported_errors=(rex.ConnectionError,))
         if cluster:
             if scheme == "unix":
                 raise CacheURLError(f"cluster=1 needs a redis:// or rediss:// URL, got {redact(url)!r}")

@@ -138,7 +138,9 @@ def test_acl_user_with_read_commands_only(redis_server):
     cache = open_cache(url)
     assert "s3cret" not in cache.url and "worker:***@" in cache.url
     assert cache.get_ref(KEY) == digest and cache.get_blob(digest) == b"compiled kernel"
-    # its first write (the read counters) got NOPERM from the server: the cache turned read-only, with a warning
+    # its first write (the read counters, sent off the call path; flush() waits for them) got NOPERM from the
+    # server: the cache turned read-only, with a warning
+    cache.flush()
     assert cache.read_only
     with pytest.raises(CacheReadOnlyError):
         cache.put_blob(b"new")
@@ -151,6 +153,7 @@ def test_acl_user_with_read_commands_only(redis_server):
     counted = open_cache(f"redis://counted:pw2@127.0.0.1:{redis_server.port}/0?read_only=1&counters=1")
     assert counted.get_ref(KEY) == digest
     counted.incr(hits=1)
+    assert counted.flush()
     assert int(admin.hget("precompile:counters", "hits")) == 1
     with pytest.raises(CacheReadOnlyError):
         counted.put_blob(b"new")
