@@ -16,7 +16,9 @@ Outputs of both loads are compared with the fresh compile's.  Peak extra residen
 ``ru_maxrss`` after the first call minus before the load.  Also: a warm load (``load`` + ``bind`` +
 ``warmup()``, its first call); N loads at once (``--concurrent N``: the processes import torch first, then start
 their loads on one GO file); and the steady call of the loaded callable against the fresh compile's, called
-alternately in the build process (``paired_steady_ms``), which cancels the machine's noise.
+alternately in the build process (``paired_steady_ms``), which cancels the machine's noise.  What signing
+costs: the same load from a cache of signed manifests with ``PRECOMPILE_VERIFY_KEYS`` set (``signed_load_s``,
+its ratio to torch's load and to the unsigned load), and the signature check alone (``verify_ms``, median).
 
     python tools/bench_load.py --model llama --shape 1x32
     python tools/bench_load.py --model tools.recipes:transformer_blocks --shape 4x128 --json
@@ -154,10 +156,36 @@ def phase_build_ours(a: argparse.Namespace, work: Path) -> dict:
         # the loaded callable (fast path: carried binaries) against the fresh compile, alternating in one process
         loaded = precompile.load(art.key, cache=url)
         fresh_ms, loaded_ms = _paired_ms(art, loaded, ex, a.device, max(a.calls, 100))
-    return {"precompile_compile_s": seconds, "precompile_compiled_call_ms": compiled_ms, "key": art.key,
+    signed = _signed_cache(work, url, art.key)
+    return {**signed, "precompile_compile_s": seconds, "precompile_compiled_call_ms": compiled_ms, "key": art.key,
             "paired_fresh_ms": fresh_ms, "paired_loaded_ms": loaded_ms, "paired_engine": loaded.engine_kind,
             "cache": url, "artifact_bytes": art.manifest.total_bytes(), "kernels": len(art.manifest.kernels),
             "placeholders": len(art.manifest.placeholders)}
+
+
+def _signed_cache(work: Path, url: str, key: str) -> dict:
+    """A second cache holding the artifact with its manifest signed by a fresh key, and the median time of one
+    signature check (canonical JSON of the manifest + Ed25519 verify), ms."""
+    import precompile
+    from cache_backends.registry import open_cache
+    from precompile import trust
+    from precompile.cache_io import store
+
+    key_path = work / "signing.pem"
+    public = trust.generate_key(key_path)
+    art = precompile.load(key, cache=url)
+    art.manifest = trust.Policy(signer=trust.load_signing_key(str(key_path))).sign(art.manifest)
+    signed_url = "file://" + str(work / "cache-signed")
+    store(open_cache(signed_url), art)
+    verifier = trust.Policy(trust.parse_verify_keys(public))
+    doc = json.loads(art.manifest.to_json())
+    times = []
+    for _ in range(50):
+        t = time.perf_counter()
+        assert verifier.check(doc).ok
+        times.append((time.perf_counter() - t) * 1000)
+    return {"signed_cache": signed_url, "verify_key": public, "verify_ms": statistics.median(times),
+            "manifest_bytes": len(art.manifest.to_json())}
 
 
 def phase_load(a: argparse.Namespace, work: Path, which: str, key: str, url: str) -> dict:
@@ -254,6 +282,8 @@ def main(argv=None) -> int:
     t = _child(a, work, f"torch,{build['key']},{build['cache']}", _fresh_env(work, "torch"))
     o = _child(a, work, f"ours,{build['key']},{build['cache']}", _fresh_env(work, "ours"))
     w = _child(a, work, f"ours-warm,{build['key']},{build['cache']}", _fresh_env(work, "ours-warm"))
+    sg = _child(a, work, f"ours,{build['key']},{build['signed_cache']}",
+                {**_fresh_env(work, "ours-signed"), "PRECOMPILE_VERIFY_KEYS": build["verify_key"]})
     concurrent = []
     if a.concurrent:
         # all N processes import torch and read their inputs first; then the N loads start together
@@ -291,6 +321,9 @@ def main(argv=None) -> int:
         "engine": o["engine"],
         "warm_load_s": w["load_s"], "warm_first_call_s": w["first_call_s"], "warm_steady_call_ms": w["steady_call_ms"],
         "warm_speedup": t["load_s"] / w["load_s"] if w["load_s"] else None,
+        "signed_load_s": sg["load_s"], "signed_speedup": t["load_s"] / sg["load_s"] if sg["load_s"] else None,
+        "signed_vs_unsigned": sg["load_s"] / o["load_s"] if o["load_s"] else None, "verify_ms": build["verify_ms"],
+        "manifest_bytes": build["manifest_bytes"], "signed_outputs_match": sg["matches"],
     }
     if concurrent:
         result["concurrent_loads"] = len(concurrent)
@@ -329,6 +362,9 @@ def main(argv=None) -> int:
     con.print(f"with load(warmup=True) (weights bound, one call on zeros inside the load): load "
               f"{w['load_s']:.3f} s ({result['warm_speedup']:.1f}x faster than torch's), first call "
               f"{w['first_call_s']:.4f} s, steady {w['steady_call_ms']:.3f} ms")
+    con.print(f"signed: load {sg['load_s']:.3f} s with PRECOMPILE_VERIFY_KEYS set ({result['signed_speedup']:.1f}x "
+              f"faster than torch's, {result['signed_vs_unsigned']:.2f}x the unsigned load); the signature check "
+              f"alone {build['verify_ms']:.2f} ms for a {build['manifest_bytes']:,}-byte manifest")
     if concurrent:
         con.print(f"{len(concurrent)} precompile loads at once: max {max(concurrent):.3f} s, median "
                   f"{statistics.median(concurrent):.3f} s ({result['concurrent_vs_lone']:.2f}x a lone load)")
