@@ -357,3 +357,10 @@ def test_binary_file_counts_and_lengths_are_bounded(artifacts, tmp_path):
     (tmp_path / "swapped.pc").write_bytes(bytes(swapped))
     with pytest.raises(ArtifactFormatError, match=f"blob {digest[:12]} does not match"):
         precompile.load(tmp_path / "swapped.pc")
+
+
+def test_garbled_counters_file_reads_as_zero(tmp_path):
+    cache = LocalCache(tmp_path / "c")
+    cache.incr(hits=1)
+    (tmp_path / "c" / "stats.json").write_text("[" * 100_000 + "]" * 100_000)  # nested past the parser's depth
+    assert cache.counters()["hits"] == 0 and cache.stats()["hit_rate"] == 0.0
