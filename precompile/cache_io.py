@@ -137,7 +137,8 @@ def store(cache: Cache, art: Artifact) -> bool:
     """Write every blob of ``art``, then its manifest, then its ref (so no reader sees a partial artifact).
 
     With a signing key (``PRECOMPILE_SIGNING_KEY`` or the URL's ``signing_key=``) an unsigned manifest is signed
-    first, and ``art.manifest`` becomes the signed one.
+    first, and ``art.manifest`` becomes the signed one.  With verify keys and no signing key (a serving worker
+    that built for itself) nothing is stored: every reader here would refuse the unsigned entry.
 
     Returns:
         True if stored; False if the cache refused (read-only, unavailable): logged once, counted, never
@@ -148,7 +149,13 @@ def store(cache: Cache, art: Artifact) -> bool:
     """
     from precompile import trust
 
-    art.manifest = trust.policy(cache).sign(art.manifest)
+    policy = trust.policy(cache)
+    art.manifest = policy.sign(art.manifest)
+    if policy.required and art.manifest.signature is None:
+        warn_once(cache, f"not storing artifact {art.key[:12]} in {cache.url}: verify keys are configured and no "
+                         "signing key (PRECOMPILE_SIGNING_KEY), so it would be refused as unsigned; builders sign",
+                  kind="store unsigned")
+        return False
     try:
         # put_blob of a blob already there writes nothing but refreshes it, so a concurrent eviction's grace
         # period protects it until the ref below lands
