@@ -148,5 +148,8 @@ def _flush_all_at_exit() -> None:
             s.flush()
         done.set()
 
-    threading.Thread(target=run, name="precompile-counters-exit", daemon=True).start()
+    try:
+        threading.Thread(target=run, name="precompile-counters-exit", daemon=True).start()
+    except RuntimeError:  # no new thread at interpreter shutdown (some Python versions): at most one timeout here
+        run()
     done.wait(EXIT_FLUSH_S)
