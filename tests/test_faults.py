@@ -488,8 +488,8 @@ def test_stalled_redis_never_slows_a_local_hit(artifacts, tmp_path, redis_server
     finally:
         redis_server.resume()
     assert all(h["ok"] and h["source"] == "cache" for h in hits), hits
-    # the first includes imports and the first fast load; none waits for Redis (a timeout is 2 s)
-    assert max(h["s"] for h in hits[1:]) < 0.5 and hits[0]["s"] < 2.0, [round(h["s"], 3) for h in hits]
+    # none waits for Redis (one timeout is 2 s; the first hit also pays the first fast load's set-up)
+    assert max(h["s"] for h in hits[1:]) < 1.0 and hits[0]["s"] < 2.0, [round(h["s"], 3) for h in hits]
 
 
 def test_stalled_redis_costs_one_timeout_then_is_skipped(redis_server):
