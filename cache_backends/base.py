@@ -37,8 +37,10 @@ log = logging.getLogger("precompile.cache")
 #: worker's lease expired (a dead or stalled builder); ``loads_fast`` / ``loads_portable``: artifacts from this
 #: cache whose callable was built by the fast path (carried binaries) or the portable path (Inductor's cache
 #: entries, the slow fallback; the manifest's ``build.fast_off`` says why).
+#: ``untrusted``: entries refused because verify keys are configured and the entry is not signed by one of them
+#: (also counted under ``untrusted_<reason>``: ``unsigned``, ``unknown_key``, ``bad_signature``, ``malformed``).
 COUNTERS: Final = ("hits", "misses", "builds", "puts", "bytes_read", "bytes_written", "errors", "evictions",
-                   "waits", "takeovers", "loads_fast", "loads_portable")
+                   "waits", "takeovers", "loads_fast", "loads_portable", "untrusted")
 
 #: A digest or an artifact key: 64 lowercase hex characters.
 HEX64: Final = re.compile(r"^[0-9a-f]{64}$")
@@ -151,10 +153,16 @@ class Cache(ABC):
     Attributes:
         url: the URL that opens this cache again (``open_cache(cache.url)``), without secrets.
         read_only: True when every write raises :class:`CacheReadOnlyError`.
+        verify_keys, signing_key: trust options of the URL (set by :func:`cache_backends.registry.open_cache`).
     """
 
     url: str
     read_only: bool = False
+    #: Public keys (``ed25519:<hex>`` or key files) from the URL's ``verify_keys=`` option; added to
+    #: ``PRECOMPILE_VERIFY_KEYS`` for loads from this cache (:func:`precompile.trust.policy`).
+    verify_keys: tuple[str, ...] = ()
+    #: Path of the private key from the URL's ``signing_key=`` option; stored manifests are signed with it.
+    signing_key: str | None = None
 
     # ----------------------------------------------------------------------------------------------- blobs
     @abstractmethod

@@ -600,7 +600,7 @@ class LocalCache(Cache):
         try:
             doc = json.loads(raw)
             return {str(k): int(v) for k, v in doc.items() if isinstance(v, int)}
-        except (ValueError, AttributeError) as err:
+        except (ValueError, AttributeError, RecursionError) as err:
             log.warning("cache counters in %s do not parse (%s); starting them from zero", self._stats_path, err)
             return {}
 

@@ -24,53 +24,41 @@ unless ``counters=1``), which also works with a Redis ACL user allowed only read
 ``ACL SETUSER worker on >pw ~precompile:* +@read +@connection``.  A write rejected with NOPERM turns a cache
 read-only the same way, with one warning.
 
-Unreachable or stalled servers raise :class:`CacheUnavailableError` after ``timeout`` seconds, and the cache
-then fails fast for ``down_s`` seconds (a circuit breaker), so a worker whose Redis is gone pays one timeout,
-not one per blob.
+Unreachable or stalled servers raise :class:`CacheUnavailableError` after one ``timeout`` (a reset connection
+is retried once; a timeout never is), and every cache of the process on that server then fails fast for
+``down_s`` seconds (a circuit breaker shared by the process: :mod:`cache_backends.redis_health`), so a worker
+whose Redis is gone pays one timeout, not one per blob or per call.  Counter increments are queued and sent by a
+background thread, so counting never waits on the network.
+
+Every count and length read from Redis is bounded by what the data holds: a chunk count is trusted only as far
+as chunks exist (a garbled head claiming four billion chunks costs one round trip, not a four-billion-entry
+list), and a frame never decompresses past its stored length times zstd's largest ratio.
+
+The URL and its options are parsed in :mod:`cache_backends.redis_url`, the stored head and chunk format in
+:mod:`cache_backends.redis_codec`, build leases in :mod:`cache_backends.redis_leases`.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import secrets
-import struct
 import threading
-import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
-from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
-import redis
 import redis.exceptions as rex
 import zstandard
 
-from cache_backends.base import (
-    _MAX_RATIO,
-    HEX64,
-    MISS,
-    Cache,
-    StoredBlob,
-    StoredRef,
-    _Miss,
-    add_counts,
-    check_name,
-    decompress_frame,
-    digest_bytes,
-    ordered_counters,
-)
-from cache_backends.options import (
-    parse_bool,
-    parse_level,
-    parse_positive_seconds,
-    parse_prefix,
-    parse_seconds,
-    parse_size,
-)
-from precompile.errors import CacheError, CacheReadOnlyError, CacheUnavailableError, CacheURLError
+from cache_backends import redis_codec as codec
+from cache_backends.base import HEX64, MISS, Cache, _Miss, add_counts, check_name, digest_bytes, ordered_counters
+from cache_backends.redis_codec import PIPELINE_BYTES, RAW_IF_SAVING_BELOW
+from cache_backends.redis_health import Breaker, CounterSink, server_key
+from cache_backends.redis_leases import RELEASE_LUA, RENEW_LUA, LeasesMixin
+from cache_backends.redis_upkeep import UpkeepMixin
+from cache_backends.redis_url import DOWN_ERRORS as _DOWN_ERRORS
+from cache_backends.redis_url import open_client
+from precompile.errors import CacheError, CacheReadOnlyError, CacheUnavailableError
 
 __all__ = ["RedisCache"]
 
@@ -81,50 +69,11 @@ log = logging.getLogger("precompile.cache")
 DEFAULT_CHUNK_BYTES = 4 << 20
 #: Default seconds a build lease lives unless renewed (renewed every third of it while the build runs).
 DEFAULT_LEASE_TTL_S = 30.0
-#: Default socket timeout, seconds: a server that does not answer within it is unavailable.
-DEFAULT_TIMEOUT_S = 5.0
+#: Chunk keys per pipeline when deleting or refreshing a blob's chunks.
+CHUNK_BATCH = 256
 #: Default seconds the cache fails fast after the server was found unavailable.
 DEFAULT_DOWN_S = 10.0
-#: Bytes of chunk data requested per pipeline round trip.  Small enough that fetching the next batch overlaps
-#: hashing this one; a loopback round trip costs ~0.1 ms against ~20 ms to move 4 MiB.
-PIPELINE_BYTES = 4 << 20
-_MAGIC = b"PCB1"
-_HEAD_CHUNKED = struct.Struct("<IQ")
-#: Head kinds: the whole blob inline (zstd frame or raw bytes), or chunked (chunks of a zstd frame or of the raw
-#: bytes).  Raw is used when zstd saves less than :data:`RAW_IF_SAVING_BELOW` of the size (kernels binaries,
-#: random data): reading it skips decompression.
-_INLINE_ZSTD, _INLINE_RAW, _CHUNKED_ZSTD, _CHUNKED_RAW = b"Z", b"R", b"C", b"K"
-RAW_IF_SAVING_BELOW = 0.03
-
-#: Compare-and-delete and compare-and-renew of a lease (the Redlock pattern for one instance,
-#: https://redis.io/docs/latest/develop/use/patterns/distributed-locks/).
-_RELEASE_LUA = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end"
-_RENEW_LUA = ("if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) "
-              "else return 0 end")
-
-#: Errors that mean the server cannot be used right now (trip the breaker).
-_DOWN_ERRORS: tuple[type[BaseException], ...] = (rex.ConnectionError, rex.TimeoutError, rex.ClusterDownError,
-                                                  rex.RedisClusterException, OSError)
-if hasattr(rex, "MaxConnectionsError"):
-    _DOWN_ERRORS += (rex.MaxConnectionsError,)
-
-#: Our URL options (removed before the URL goes to redis-py) and their parsers.
-_URL_OPTIONS: dict[str, Callable[[str, str], object]] = {
-    "prefix": parse_prefix,
-    "ttl": parse_positive_seconds,
-    "chunk_size": parse_size,
-    "read_only": parse_bool,
-    "cluster": parse_bool,
-    "lease_ttl": parse_positive_seconds,
-    "wait": parse_seconds,
-    "timeout": parse_positive_seconds,
-    "down_s": parse_seconds,
-    "level": parse_level,
-    "counters": parse_bool,
-}
-
-
-class RedisCache(Cache):
+class RedisCache(LeasesMixin, UpkeepMixin, Cache):
     """Blobs, refs, leases and counters in one Redis database or Redis Cluster.
 
     Open it with :func:`cache_backends.open_cache` and a URL::
@@ -175,13 +124,13 @@ class RedisCache(Cache):
         self.cluster = type(client).__name__ == "RedisCluster"
         #: whether counter increments are sent (the one write a read-only cache may be allowed)
         self.write_counters = (not read_only) if counters is None else bool(counters)
-        self._down_until = 0.0
-        self._down_reason = ""
-        self._pending: Counter[str] = Counter()
+        self._breaker = Breaker.for_server(server_key(url))
+        self._pending: Counter[str] = Counter()  # counts this cache may not send (read-only, denied)
+        self._sink = CounterSink.for_hash(server_key(url), self._counters_key, self._send_counts)
         self._lock = threading.Lock()
         self._warned: set[str] = set()
-        self._release = client.register_script(_RELEASE_LUA)
-        self._renew = client.register_script(_RENEW_LUA)
+        self._release = client.register_script(RELEASE_LUA)
+        self._renew = client.register_script(RENEW_LUA)
 
     # ------------------------------------------------------------------------------------------------- URLs
     @classmethod
@@ -195,63 +144,8 @@ class RedisCache(Cache):
             CacheURLError: the scheme is not a Redis one, an option is unknown, repeated or malformed, or
                 ``cluster=1`` is combined with ``unix://`` or a database other than 0.
         """
-        parts = urlsplit(url.strip())
-        scheme = parts.scheme.lower()
-        if scheme not in ("redis", "rediss", "unix"):
-            raise CacheURLError(f"RedisCache opens redis://, rediss:// and unix:// URLs, got {url!r}")
-        if scheme != "unix" and not parts.hostname:
-            raise CacheURLError(f"Redis URL {url!r} names no host; e.g. 'redis://cache.internal:6379/0'")
-        if scheme == "unix" and not parts.path:
-            raise CacheURLError(f"unix URL {url!r} names no socket path; e.g. 'unix:///run/redis/redis.sock?db=0'")
-        try:
-            query = parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
-        except ValueError as err:
-            raise CacheURLError(f"malformed query in cache URL {_redact(url)!r}: {err}") from err
-        ours: dict[str, object] = {}
-        passthrough: list[tuple[str, str]] = []
-        for name, raw in query:
-            if name in _URL_OPTIONS:
-                if name in ours:
-                    raise CacheURLError(f"option {name!r} given twice in cache URL {_redact(url)!r}")
-                ours[name] = _URL_OPTIONS[name](name, raw)
-            elif name in _redis_url_options() or name.startswith("ssl_") or name == "client_name":
-                passthrough.append((name, raw))
-            else:
-                raise CacheURLError(f"unknown option {name!r} in cache URL {_redact(url)!r}; precompile's: "
-                                    f"{', '.join(_URL_OPTIONS)}; redis-py's: {', '.join(sorted(_redis_url_options()))}"
-                                    ", ssl_*")
-        timeout = float(ours.pop("timeout", DEFAULT_TIMEOUT_S))  # type: ignore[arg-type]
-        redis_url = f"{scheme}://{parts.netloc}{parts.path}" + (f"?{urlencode(passthrough)}" if passthrough else "")
-        kwargs: dict[str, Any] = {"socket_timeout": timeout, "socket_connect_timeout": min(timeout, 2.0)}
-        cluster = bool(ours.pop("cluster", False))
-        try:
-            from redis.backoff import ExponentialBackoff
-            from redis.retry import Retry
-
-            # one quick retry for a reset connection; a dead server must cost one timeout, not several
-            kwargs["retry"] = Retry(ExponentialBackoff(cap=0.2, base=0.02), 1)
-            if cluster:
-                if scheme == "unix":
-                    raise CacheURLError(f"cluster=1 needs a redis:// or rediss:// URL, got {_redact(url)!r}")
-                if parts.path.strip("/") not in ("", "0"):
-                    raise CacheURLError(f"a Redis Cluster has only database 0, got {_redact(url)!r}")
-                from redis.cluster import RedisCluster
-
-                client = RedisCluster.from_url(redis_url, **kwargs)
-            else:
-                client = redis.Redis.from_url(redis_url, **kwargs)
-        except CacheURLError:
-            raise
-        except (ValueError, TypeError) as err:
-            raise CacheURLError(f"invalid Redis URL {_redact(url)!r}: {err}") from err
-        except _DOWN_ERRORS as err:  # the cluster client contacts a node at construction
-            raise CacheUnavailableError(f"Redis cluster at {_redact(url)} cannot be reached: {err}") from err
-        kw = {"prefix": ours.get("prefix", "precompile"), "ttl_s": ours.get("ttl"),
-              "chunk_bytes": ours.get("chunk_size", DEFAULT_CHUNK_BYTES), "read_only": ours.get("read_only", False),
-              "level": ours.get("level", 3), "lease_ttl_s": ours.get("lease_ttl", DEFAULT_LEASE_TTL_S),
-              "wait_s": ours.get("wait", 600.0), "down_s": ours.get("down_s", DEFAULT_DOWN_S),
-              "counters": ours.get("counters")}
-        return cls(client, url=_redact(url), **kw)  # type: ignore[arg-type]
+        client, redacted, kwargs = open_client(url)
+        return cls(client, url=redacted, **kwargs)
 
     # ------------------------------------------------------------------------------------------------- keys
     def _head_key(self, digest: str) -> str:
@@ -276,10 +170,10 @@ class RedisCache(Cache):
         """Run Redis commands; map redis-py errors to :class:`CacheError` and trip the breaker when down."""
         if write and self.read_only:
             raise CacheReadOnlyError(self._read_only_message(what))
-        now = time.monotonic()
-        if now < self._down_until:
-            raise CacheUnavailableError(f"Redis at {self.url} is unavailable ({self._down_reason}); "
-                                        f"not retrying for {self._down_until - now:.1f} s more")
+        wait = self._breaker.open_for()
+        if wait > 0:
+            raise CacheUnavailableError(f"Redis at {self.url} is unavailable ({self._breaker.reason}); "
+                                        f"not retrying for {wait:.1f} s more")
         try:
             yield
         except CacheError:
@@ -301,9 +195,7 @@ class RedisCache(Cache):
             raise CacheUnavailableError(f"Redis at {self.url} refused {what}: {type(err).__name__}: {err}") from err
 
     def _trip(self, reason: str) -> None:
-        if self.down_s > 0:
-            self._down_until = time.monotonic() + self.down_s
-            self._down_reason = reason
+        self._breaker.trip(self.down_s, reason)
         self._warn_once("down", f"Redis cache {self.url} is unavailable ({reason}); failing fast for "
                                 f"{self.down_s:g} s at a time")
 
@@ -322,21 +214,6 @@ class RedisCache(Cache):
         return f"cannot {what}: Redis cache {self.url} is read-only ({why})"
 
     # ------------------------------------------------------------------------------------------------ blobs
-    def _decode(self, digest: str, payload: bytes | memoryview, raw: bool) -> bytes | None:
-        """An inline blob's bytes, verified; None (logged) if it does not decompress or hash to ``digest``."""
-        if raw:
-            data = bytes(payload)
-        else:
-            try:
-                data = decompress_frame(bytes(payload))
-            except ValueError as err:
-                log.warning("Redis blob %s in %s does not decompress (%s); dropping it", digest[:12], self.url, err)
-                return None
-        if digest_bytes(data) != digest:
-            log.warning("Redis blob %s in %s does not match its digest; dropping it", digest[:12], self.url)
-            return None
-        return data
-
     def _drop(self, digests: list[str], heads: dict[str, bytes | None]) -> None:
         """Delete corrupt or partial blobs (head and chunks), best effort; never in read-only mode."""
         if self.read_only or not digests:
@@ -346,19 +223,28 @@ class RedisCache(Cache):
                 pipe = self.client.pipeline(transaction=False)
                 for d in digests:
                     pipe.delete(self._head_key(d))
-                    count = self._chunk_count(heads.get(d))
-                    for i in range(count or 0):
-                        pipe.delete(self._chunk_key(d, i))
                 pipe.execute()
+                for d in digests:
+                    self._each_chunk(d, self._chunk_count(heads.get(d)) or 0, lambda p, k: p.delete(k))
         except CacheError as err:
             log.debug("could not drop corrupt blobs from %s: %s", self.url, err)
 
+    def _each_chunk(self, digest: str, count: int, command: Callable[[Any, str], object]) -> None:
+        """Run ``command(pipeline, chunk key)`` on chunks ``0..count-1`` of a blob, in pipelined batches of
+        :data:`CHUNK_BATCH`, stopping after a batch in which no chunk existed (the command answered 0 for every
+        key: DEL, PEXPIRE), so that a garbled head's count costs at most one batch more than the real chunks.
+        Call inside :meth:`_talk`."""
+        for start in range(0, count, CHUNK_BATCH):
+            pipe = self.client.pipeline(transaction=False)
+            for i in range(start, min(count, start + CHUNK_BATCH)):
+                command(pipe, self._chunk_key(digest, i))
+            if not any(pipe.execute()):
+                return
+
     @staticmethod
     def _chunk_count(head: bytes | None) -> int | None:
-        if (head is None or len(head) != len(_MAGIC) + 1 + _HEAD_CHUNKED.size or not head.startswith(_MAGIC)
-                or head[len(_MAGIC):len(_MAGIC) + 1] not in (_CHUNKED_ZSTD, _CHUNKED_RAW)):
-            return None
-        return _HEAD_CHUNKED.unpack_from(head, len(_MAGIC) + 1)[0]
+        parsed = codec.parse_chunked(head)
+        return None if parsed is None else parsed.count
 
     def get_blob(self, digest: str) -> bytes | _Miss:
         """Bytes of blob ``digest`` (verified), or :data:`MISS`.  A corrupt or partial copy is dropped, counted
@@ -394,33 +280,34 @@ class RedisCache(Cache):
         heads: dict[str, bytes | None] = dict(zip(unique, replies[:: 2 if refresh else 1]))
         bad: list[str] = []
         nread = 0
-        chunked: list[tuple[str, int, int, bool]] = []
+        chunked: list[tuple[str, codec.ChunkedHead]] = []
         for d, head in heads.items():
             if head is None:
                 continue
             nread += len(head)
-            kind = head[len(_MAGIC):len(_MAGIC) + 1] if head.startswith(_MAGIC) else b""
-            if kind in (_INLINE_ZSTD, _INLINE_RAW):
-                data = self._decode(d, memoryview(head)[len(_MAGIC) + 1:], raw=kind == _INLINE_RAW)
+            if codec.head_kind(head) in (codec.INLINE_ZSTD, codec.INLINE_RAW):
+                data, why = codec.decode_inline(d, head)
                 if data is None:
+                    log.warning("Redis blob %s in %s %s; dropping it", d[:12], self.url, why)
                     bad.append(d)
                 else:
                     out[d] = data
                 continue
-            count = self._chunk_count(head)
-            if count is None:
+            parsed = codec.parse_chunked(head)
+            if parsed is None:
                 log.warning("Redis blob %s in %s has a garbled head; dropping it", d[:12], self.url)
                 bad.append(d)
                 continue
-            total = _HEAD_CHUNKED.unpack_from(head, len(_MAGIC) + 1)[1]
-            chunked.append((d, count, total, kind == _CHUNKED_RAW))
-        for d, count, total, raw in chunked:
-            data = self._read_chunked(d, count, total, raw, refresh)
+            chunked.append((d, parsed))
+        for d, parsed in chunked:
+            data, why = codec.read_chunked(d, parsed, self.chunk_bytes,
+                                           lambda indices, d=d: self._fetch_chunks(d, indices, refresh))
             if data is None:
+                log.warning("Redis blob %s in %s %s; dropping it", d[:12], self.url, why)
                 bad.append(d)
             else:
                 out[d] = data
-                nread += total
+                nread += parsed.total
         self._drop(bad, heads)
         self._count(bytes_read=nread, errors=len(bad))
         return out
@@ -434,59 +321,6 @@ class RedisCache(Cache):
                 if refresh:
                     pipe.pexpire(self._chunk_key(digest, i), int(self.ttl_s * 1000))  # type: ignore[operator]
             return pipe.execute()[:: 2 if refresh else 1]
-
-    def _read_chunked(self, digest: str, count: int, total: int, raw: bool, refresh: bool) -> bytes | None:
-        """A chunked blob's bytes, verified; None (logged) if a chunk is missing, the lengths disagree, the
-        frame does not decompress, or the bytes do not hash to ``digest``.
-
-        Batches of about :data:`PIPELINE_BYTES` are fetched by a helper thread one batch ahead, while this
-        thread decompresses and hashes (zstd and sha256 release the GIL), so a large blob costs about its
-        transfer time.
-        """
-        per_batch = max(1, PIPELINE_BYTES // self.chunk_bytes)
-        batches = [range(b, min(count, b + per_batch)) for b in range(0, count, per_batch)]
-        hasher = hashlib.sha256()
-        parts: list[bytes] = []
-        stored = produced = 0
-        limit = total * _MAX_RATIO + (1 << 20)
-        dobj = None if raw else zstandard.ZstdDecompressor().decompressobj()
-        why = ""
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            ahead = pool.submit(self._fetch_chunks, digest, batches[0], refresh)
-            for n in range(len(batches)):
-                chunks = ahead.result()
-                if n + 1 < len(batches):
-                    ahead = pool.submit(self._fetch_chunks, digest, batches[n + 1], refresh)
-                for chunk in chunks:
-                    if chunk is None:
-                        why = "lacks a chunk (evicted or half written)"
-                        break
-                    stored += len(chunk)
-                    if stored > total:
-                        break
-                    try:
-                        piece = chunk if dobj is None else dobj.decompress(chunk)
-                    except zstandard.ZstdError as err:
-                        why = f"does not decompress ({err})"
-                        break
-                    produced += len(piece)
-                    if produced > limit:
-                        why = f"decompresses to more than {limit} bytes"
-                        break
-                    hasher.update(piece)
-                    parts.append(piece)
-                if why or stored > total:
-                    break
-        if not why and stored != total:
-            why = f"has {stored} bytes of chunks where its head says {total}"
-        if not why and dobj is not None and not dobj.eof:
-            why = "holds a truncated zstd frame"
-        if not why and hasher.hexdigest() != digest:
-            why = "does not match its digest"
-        if why:
-            log.warning("Redis blob %s in %s %s; dropping it", digest[:12], self.url, why)
-            return None
-        return b"".join(parts)
 
     def has_blob(self, digest: str) -> bool:
         """True if blob ``digest``'s head exists (not verified; one EXISTS).
@@ -516,18 +350,16 @@ class RedisCache(Cache):
             for d in unique:
                 if refresh:
                     pipe.pexpire(self._head_key(d), int(self.ttl_s * 1000))  # type: ignore[operator]
-                    pipe.getrange(self._head_key(d), 0, len(_MAGIC) + _HEAD_CHUNKED.size)
+                    pipe.getrange(self._head_key(d), 0, codec.CHUNKED_HEAD_BYTES)
                 else:
                     pipe.exists(self._head_key(d))
             replies = pipe.execute()
             if not refresh:
                 return {d: bool(r) for d, r in zip(unique, replies)}
             found = {d: bool(r) for d, r in zip(unique, replies[::2])}
-            pipe = self.client.pipeline(transaction=False)
+            ms = int(self.ttl_s * 1000)  # type: ignore[operator]
             for d, head in zip(unique, replies[1::2]):
-                for i in range(self._chunk_count(head) or 0):
-                    pipe.pexpire(self._chunk_key(d, i), int(self.ttl_s * 1000))  # type: ignore[operator]
-            pipe.execute()
+                self._each_chunk(d, self._chunk_count(head) or 0, lambda p, k: p.pexpire(k, ms))
         return found
 
     def put_blob(self, data: bytes, digest: str | None = None) -> str:
@@ -563,7 +395,7 @@ class RedisCache(Cache):
                 frame = bytes(data)
             px = int(self.ttl_s * 1000) if self.ttl_s is not None else None
             if len(frame) <= self.chunk_bytes:
-                self.client.set(head_key, _MAGIC + (_INLINE_RAW if raw else _INLINE_ZSTD) + frame, px=px)
+                self.client.set(head_key, codec.inline_head(frame, raw), px=px)
             else:
                 view = memoryview(frame)
                 count = -(-len(frame) // self.chunk_bytes)
@@ -574,19 +406,14 @@ class RedisCache(Cache):
                         chunk = view[i * self.chunk_bytes:(i + 1) * self.chunk_bytes]
                         pipe.set(self._chunk_key(actual, i), bytes(chunk), px=px)
                     pipe.execute()
-                kind = _CHUNKED_RAW if raw else _CHUNKED_ZSTD
-                self.client.set(head_key, _MAGIC + kind + _HEAD_CHUNKED.pack(count, len(frame)), px=px)
+                self.client.set(head_key, codec.chunked_head(count, len(frame), raw), px=px)
         self._count(puts=1, bytes_written=len(frame))
         return actual
 
     def _refresh_chunks(self, digest: str) -> None:
         head = self.client.get(self._head_key(digest))
-        count = self._chunk_count(head)
-        if count:
-            pipe = self.client.pipeline(transaction=False)
-            for i in range(count):
-                pipe.pexpire(self._chunk_key(digest, i), int(self.ttl_s * 1000))  # type: ignore[operator]
-            pipe.execute()
+        ms = int(self.ttl_s * 1000)  # type: ignore[operator]
+        self._each_chunk(digest, self._chunk_count(head) or 0, lambda p, k: p.pexpire(k, ms))
 
     # ------------------------------------------------------------------------------------------------- refs
     def get_ref(self, key: str) -> str | _Miss:
@@ -671,84 +498,54 @@ class RedisCache(Cache):
             if HEX64.match(text):
                 yield k.rsplit(":", 1)[-1], text
 
-    # ----------------------------------------------------------------------------------------------- leases
-    def acquire_lease(self, key: str, ttl_s: float | None = None) -> str | None:
-        """Try to take the build lease of artifact ``key``: ``SET P:lease:<key> <token> NX PX <ttl>``.
-
-        Returns:
-            the lease's random token if taken, None if another holder has it.
-
-        Raises:
-            CacheReadOnlyError: the cache is read-only (a read-only worker never builds for the fleet).
-            CacheUnavailableError: Redis cannot be reached.
-        """
-        token = secrets.token_hex(16)
-        ms = int((ttl_s or self.lease_ttl_s) * 1000)
-        with self._talk(f"taking the build lease of {key[:12]}", write=True):
-            got = self.client.set(self._lease_key(check_name(key, "artifact key")), token.encode(), nx=True, px=ms)
-        return token if got else None
-
-    def renew_lease(self, key: str, token: str, ttl_s: float | None = None) -> bool:
-        """Extend the lease to ``ttl_s`` from now if ``token`` still holds it (compare-and-PEXPIRE in Lua).
-
-        Returns:
-            False if the lease expired or another worker holds it now.
-
-        Raises:
-            CacheUnavailableError: Redis cannot be reached.
-        """
-        ms = int((ttl_s or self.lease_ttl_s) * 1000)
-        with self._talk(f"renewing the build lease of {key[:12]}", write=True):
-            return bool(self._renew(keys=[self._lease_key(key)], args=[token, ms]))
-
-    def release_lease(self, key: str, token: str) -> bool:
-        """Delete the lease if ``token`` still holds it (compare-and-delete in Lua); True if deleted.
-
-        Raises:
-            CacheUnavailableError: Redis cannot be reached.
-        """
-        with self._talk(f"releasing the build lease of {key[:12]}", write=True):
-            return bool(self._release(keys=[self._lease_key(key)], args=[token]))
-
-    def lease_held(self, key: str) -> bool:
-        """True if some worker holds the build lease of ``key`` now (one EXISTS; a read).
-
-        Raises:
-            CacheUnavailableError: Redis cannot be reached.
-        """
-        with self._talk(f"checking the build lease of {key[:12]}"):
-            return bool(self.client.exists(self._lease_key(check_name(key, "artifact key"))))
-
     # --------------------------------------------------------------------------------------------- counters
     def _count(self, **counts: int) -> None:
         if any(counts.values()):
             self.incr(**counts)
 
     def incr(self, **counts: int) -> None:
-        """Add to the fleet-wide counters (HINCRBY on ``P:counters``, pipelined).  Never raises: counts that
-        cannot be written (read-only, server down) are kept in this process, shown by :meth:`counters` and
-        retried on the next call."""
-        with self._lock:
-            add_counts(self._pending, counts)
-            if not self.write_counters or not self._pending or time.monotonic() < self._down_until:
-                return
-            pending = dict(self._pending)
-            try:
-                with self._talk("updating counters"):
-                    pipe = self.client.pipeline(transaction=False)
-                    for name, value in pending.items():
-                        pipe.hincrby(self._counters_key, name, value)
-                    pipe.execute()
-                self._pending.clear()
-            except CacheError as err:
-                if isinstance(err.__cause__, rex.NoPermissionError):
-                    self.write_counters = False
-                    self._turn_read_only(str(err.__cause__))
-                log.debug("counters of %s kept in memory: %s", self.url, err)
+        """Add to the fleet-wide counters (HINCRBY on ``P:counters``).  Never raises and never waits on the
+        network: the counts are queued for this server's sender thread (:class:`~cache_backends.redis_health.
+        CounterSink`), which sends them in batches.  Counts that may not be written (read-only without
+        ``counters=1``, or denied) stay in this process and are shown by :meth:`counters`."""
+        new: Counter[str] = Counter()
+        add_counts(new, counts)
+        if not new:
+            return
+        if self.write_counters:
+            self._sink.add(new)
+        else:
+            with self._lock:
+                self._pending.update(new)
+
+    def _send_counts(self, counts: dict[str, int]) -> None:
+        """Send one batch of increments in one pipeline (the sink's sender).
+
+        Raises:
+            CacheError: not sent (down, stalled, denied: then counting stops for this cache, with one warning).
+        """
+        try:
+            with self._talk("updating counters"):
+                pipe = self.client.pipeline(transaction=False)
+                for name, value in counts.items():
+                    pipe.hincrby(self._counters_key, name, value)
+                pipe.execute()
+        except CacheError as err:
+            if isinstance(err.__cause__, rex.NoPermissionError):
+                self.write_counters = False
+                self._sink.enabled = False
+                self._turn_read_only(str(err.__cause__))
+            raise
+
+    def flush(self) -> bool:
+        """Send queued counter increments now; True if none is left.  Never raises."""
+        return self._sink.flush()
 
     def counters(self) -> dict[str, int]:
-        """Fleet-wide counters (HGETALL) plus this process's unsent ones.  Never raises: with the server down,
-        only this process's are shown."""
+        """Fleet-wide counters (HGETALL), after sending this process's queued ones, plus those it could not send.
+        Never raises: with the server down, only this process's are shown."""
+        if self.write_counters:
+            self._sink.flush()
         stored: Counter[str] = Counter()
         try:
             with self._talk("reading counters"):
@@ -762,6 +559,7 @@ class RedisCache(Cache):
             log.debug("counters of %s unreadable: %s", self.url, err)
         with self._lock:
             stored.update(self._pending)
+        stored.update(self._sink.pending())
         return ordered_counters(stored)
 
     def stats(self) -> dict[str, object]:
@@ -773,144 +571,6 @@ class RedisCache(Cache):
         return out
 
     # ------------------------------------------------------------------------- upkeep (precompile verify, gc)
-    supports_upkeep = True
-
-    def _scan_keys(self, pattern: str) -> list[str]:
-        """Every key matching ``pattern`` (SCAN; on every primary of a cluster), sorted.  Call inside _talk."""
-        if self.cluster:
-            names: list[Any] = []
-            for node in self.client.get_primaries():
-                names.extend(self.client.get_redis_connection(node).scan_iter(match=pattern, count=1000))
-        else:
-            names = list(self.client.scan_iter(match=pattern, count=1000))
-        return sorted({n.decode() if isinstance(n, bytes) else str(n) for n in names})
-
-    @staticmethod
-    def _last_used(idle: Any, now: float) -> float | None:
-        return now - idle if isinstance(idle, int) else None  # OBJECT IDLETIME fails under an LFU policy
-
-    def list_blobs(self) -> list[StoredBlob]:
-        """Every blob head: digest, bytes stored (head, plus chunks for a chunked blob), and now minus the head's
-        idle time (Redis's LRU clock: a read refreshes it).
-
-        Raises:
-            CacheUnavailableError: Redis cannot be reached.
-        """
-        with self._talk("listing blobs"):
-            heads = [n for n in self._scan_keys(f"{self.prefix}:blob:*") if n.endswith("}")]
-            digests = [n[n.rindex("{") + 1:-1] for n in heads]
-            pipe = self.client.pipeline(transaction=False)
-            for name in heads:
-                pipe.strlen(name)
-                pipe.getrange(name, 0, len(_MAGIC) + _HEAD_CHUNKED.size)
-                pipe.object("idletime", name)
-            replies = pipe.execute(raise_on_error=False) if heads else []
-        now = time.time()
-        out = []
-        for i, digest in enumerate(digests):
-            size, start, idle = replies[3 * i:3 * i + 3]
-            if not HEX64.match(digest) or not isinstance(size, int):
-                continue
-            if self._chunk_count(start) is not None:
-                size += _HEAD_CHUNKED.unpack_from(start, len(_MAGIC) + 1)[1]
-            out.append(StoredBlob(digest, size, self._last_used(idle, now)))
-        return out
-
-    def list_refs(self) -> list[StoredRef]:
-        """Every ref (garbled ones too) with now minus its idle time (a hit reads it, so this is its LRU clock).
-
-        Raises:
-            CacheUnavailableError: Redis cannot be reached.
-        """
-        with self._talk("listing refs"):
-            names = [n for n in self._scan_keys(f"{self.prefix}:ref:*") if HEX64.match(n.rsplit(":", 1)[-1])]
-            pipe = self.client.pipeline(transaction=False)
-            for name in names:
-                pipe.get(name)
-                pipe.object("idletime", name)
-            replies = pipe.execute(raise_on_error=False) if names else []
-        now = time.time()
-        out = []
-        for i, name in enumerate(names):
-            value, idle = replies[2 * i:2 * i + 2]
-            if isinstance(value, bytes):
-                out.append(StoredRef(name.rsplit(":", 1)[-1], value.decode("ascii", "replace").strip()[:256],
-                                     self._last_used(idle, now)))
-        return out
-
-    def check_blob(self, digest: str) -> tuple[int | None, str | None]:
-        """Read blob ``digest`` (head and chunks) and re-hash it without dropping anything:
-        ``(uncompressed bytes, None)`` or ``(None, why)``.
-
-        Raises:
-            ValueError: ``digest`` is not 64 lowercase hex characters.
-            CacheUnavailableError: Redis cannot be reached.
-        """
-        with self._talk(f"checking blob {check_name(digest)[:12]}"):
-            head = self.client.get(self._head_key(digest))
-        if head is None:
-            return None, "missing"
-        kind = head[len(_MAGIC):len(_MAGIC) + 1] if head.startswith(_MAGIC) else b""
-        if kind in (_INLINE_ZSTD, _INLINE_RAW):
-            stored, raw = head[len(_MAGIC) + 1:], kind == _INLINE_RAW
-        else:
-            count = self._chunk_count(head)
-            if count is None:
-                return None, "garbled head"
-            total = _HEAD_CHUNKED.unpack_from(head, len(_MAGIC) + 1)[1]
-            if count > total:
-                return None, f"garbled head ({count} chunks for {total} bytes)"
-            parts: list[bytes] = []
-            per_batch = max(1, PIPELINE_BYTES // self.chunk_bytes)
-            for start in range(0, count, per_batch):
-                for i, chunk in enumerate(self._fetch_chunks(digest, range(start, min(count, start + per_batch)),
-                                                             False), start):
-                    if chunk is None:
-                        return None, f"lacks chunk {i} of {count}"
-                    parts.append(chunk)
-            stored, raw = b"".join(parts), kind == _CHUNKED_RAW
-            if len(stored) != total:
-                return None, f"has {len(stored)} bytes of chunks where its head says {total}"
-        try:
-            data = bytes(stored) if raw else decompress_frame(bytes(stored))
-        except ValueError as err:
-            return None, f"does not decompress ({err})"
-        if digest_bytes(data) != digest:
-            return None, "content does not hash to its name"
-        return len(data), None
-
-    def drop_blob(self, blob: StoredBlob) -> bool:
-        """Delete a blob's head and chunks (Redis cannot tell whether a writer re-put it since it was listed).
-
-        Raises:
-            CacheReadOnlyError: the cache is read-only.
-            CacheUnavailableError: Redis cannot be reached.
-        """
-        head_key = self._head_key(check_name(blob.digest))
-        with self._talk(f"deleting blob {blob.digest[:12]}", write=True):
-            start = self.client.getrange(head_key, 0, len(_MAGIC) + _HEAD_CHUNKED.size)
-            count = self._chunk_count(start) or 0
-            if count and count > _HEAD_CHUNKED.unpack_from(start, len(_MAGIC) + 1)[1]:
-                count = 0  # a garbled count: the head goes, stray chunks expire or stay unreferenced
-            pipe = self.client.pipeline(transaction=False)
-            pipe.delete(head_key)
-            for i in range(count):
-                pipe.delete(self._chunk_key(blob.digest, i))
-            return bool(pipe.execute()[0])
-
-    def drop_ref(self, ref: StoredRef) -> bool:
-        """Delete a listed ref if it still names the same digest (compare-and-delete in Lua).
-
-        Raises:
-            CacheReadOnlyError: the cache is read-only.
-            CacheUnavailableError: Redis cannot be reached.
-        """
-        rkey = self._ref_key(check_name(ref.key, "artifact key"))
-        with self._talk(f"deleting ref {ref.key[:12]}", write=True):
-            if not HEX64.match(ref.digest):
-                return bool(self.client.delete(rkey))
-            return bool(self._release(keys=[rkey], args=[ref.digest]))
-
     def ping(self) -> bool:
         """True if the server answers PING now (no breaker)."""
         try:
@@ -924,24 +584,3 @@ class RedisCache(Cache):
             self.client.close()
         except (rex.RedisError, *_DOWN_ERRORS):
             pass
-
-
-def _redis_url_options() -> frozenset[str]:
-    """Query options redis-py's ``from_url`` understands (its own table where it has one)."""
-    try:
-        from redis.connection import URL_QUERY_ARGUMENT_PARSERS
-
-        return frozenset(URL_QUERY_ARGUMENT_PARSERS)
-    except ImportError:  # pragma: no cover - older redis-py
-        return frozenset({"db", "socket_timeout", "socket_connect_timeout", "socket_keepalive", "retry_on_timeout",
-                          "max_connections", "health_check_interval", "ssl_check_hostname", "timeout", "protocol"})
-
-
-def _redact(url: str) -> str:
-    """``url`` with its password replaced by ``***`` (for logs, errors and :attr:`RedisCache.url`)."""
-    parts = urlsplit(url.strip())
-    if parts.password is None:
-        return url.strip()
-    user = quote(parts.username or "", safe="")
-    host = parts.netloc.rsplit("@", 1)[1]
-    return urlunsplit((parts.scheme, f"{user}:***@{host}", parts.path, parts.query, parts.fragment))

@@ -12,11 +12,14 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Sequence
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from cache_backends.base import Cache
 from precompile import config
-from precompile.errors import CacheError, CacheUnavailableError, CacheURLError
+from precompile.errors import CacheError, CacheUnavailableError, CacheURLError, TrustConfigError
+
+#: Query options every backend's URL may carry: keys of signed artifacts (:mod:`precompile.trust`).
+TRUST_OPTIONS = ("verify_keys", "signing_key")
 
 _BACKENDS: dict[str, Callable[[str], Cache]] = {}
 
@@ -53,13 +56,16 @@ def open_cache(url: str | Cache | Sequence[str] | None = None, *, create: bool =
             cache as two URLs joined by ``|`` or a list of two URLs (near tier first;
             :class:`cache_backends.tiered.TieredCache`), an already open :class:`Cache` (returned as is), or
             None for ``$PRECOMPILE_CACHE``, else the embedded default ``$XDG_CACHE_HOME/precompile``
-            (``~/.cache/precompile``).
+            (``~/.cache/precompile``).  Any URL may carry ``verify_keys=`` (comma-separated ``ed25519:<hex>``
+            public keys or key files) and ``signing_key=`` (a private key's path): see :mod:`precompile.trust`;
+            a tiered cache uses its tiers' keys together.
         create: False for commands that read or tidy a cache: a local directory that does not exist is an error
             instead of a new, empty cache (nothing is created).  Remote tiers are not contacted here (see
             :func:`probe`).
 
     Raises:
-        CacheURLError: the URL is malformed, relative, names a scheme no backend handles, or has a bad option.
+        CacheURLError: the URL is malformed, relative, names a scheme no backend handles, has a bad option, or
+            names a key that cannot be read.
         CacheUnavailableError: ``create`` is False and a local cache directory does not exist (or is not a
             directory); or a Redis Cluster cannot be reached to be opened.
     """
@@ -85,7 +91,11 @@ def _open(url: str | Sequence[str], create: bool) -> Cache:
                                 f"'file:///var/cache/precompile|redis://cache:6379/0'), got {url!r}")
         from cache_backends.tiered import TieredCache
 
-        return TieredCache(_open(tiers[0], create), _open(tiers[1], create))
+        near, far = _open(tiers[0], create), _open(tiers[1], create)
+        tiered = TieredCache(near, far)
+        tiered.verify_keys = near.verify_keys + far.verify_keys
+        tiered.signing_key = near.signing_key or far.signing_key
+        return tiered
     if not isinstance(url, str) or not url.strip():
         raise CacheURLError(f"a cache URL must be a non-empty string such as 'file:///var/cache/precompile', "
                             f"got {url!r}")
@@ -101,13 +111,53 @@ def _open(url: str | Sequence[str], create: bool) -> Cache:
     if factory is None:
         known = ", ".join(sorted(f"{s}://" for s in _BACKENDS))
         raise CacheURLError(f"no cache backend handles {scheme}:// URLs (in {url!r}); known schemes: {known}")
+    url, trust = _split_trust_options(url)
     if not create and scheme == "file":
         from cache_backends.local import LocalCache
 
         if factory == LocalCache.from_url:
-            return LocalCache.from_url(url, create=False)
-        _require_directory(url)
-    return factory(url)
+            cache = LocalCache.from_url(url, create=False)
+        else:
+            _require_directory(url)
+            cache = factory(url)
+    else:
+        cache = factory(url)
+    if trust:
+        cache.verify_keys = tuple(k for k in trust.get("verify_keys", "").split(",") if k.strip())
+        cache.signing_key = trust.get("signing_key") or None
+        cache.url += ("&" if "?" in cache.url else "?") + urlencode(trust)
+    return cache
+
+
+def _split_trust_options(url: str) -> tuple[str, dict[str, str]]:
+    """``(url without the trust options, {option: value})``; the keys are read now, so a bad one fails here.
+
+    Raises:
+        CacheURLError: an option is given twice or names a key that cannot be read.
+    """
+    parts = urlsplit(url)
+    if not any(name in parts.query for name in TRUST_OPTIONS):
+        return url, {}
+    try:
+        query = parse_qsl(parts.query, keep_blank_values=True, strict_parsing=True)
+    except ValueError as err:
+        raise CacheURLError(f"malformed query in cache URL {url!r}: {err}") from err
+    trust: dict[str, str] = {}
+    for name, value in query:
+        if name in TRUST_OPTIONS:
+            if name in trust:
+                raise CacheURLError(f"option {name!r} given twice in cache URL {url!r}")
+            trust[name] = value
+    from precompile import trust as trust_mod
+
+    try:
+        trust_mod.parse_verify_keys(trust.get("verify_keys", ""))
+        if trust.get("signing_key"):
+            trust_mod.load_signing_key(trust["signing_key"])
+    except TrustConfigError as err:
+        raise CacheURLError(f"cache URL option in {url!r}: {err}") from err
+    rest = urlencode([(n, v) for n, v in query if n not in TRUST_OPTIONS])
+    return urlunsplit((parts.scheme, parts.netloc, parts.path, rest, parts.fragment)), trust
 
 
 def _require_directory(url: str) -> None:

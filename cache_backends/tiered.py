@@ -10,7 +10,12 @@ Opened from a list of URLs, or one string with the URLs separated by ``|`` (firs
 - Writes go to both (write-through): local first, then remote.
 - The remote is optional to every call: when it is down, slow, denies access or returns garbage, the call is
   served by the local tier alone, the failure is logged once (then at debug level) and counted under
-  ``remote_errors``; a remote that holds garbage only ever costs a miss, since every blob is verified.
+  ``remote_errors``; a remote that holds garbage only ever costs a miss, since every blob is verified.  When the
+  local tier cannot answer a blob read or existence check by itself and the remote fails, the call raises
+  :class:`CacheUnavailableError` rather than report the blobs missing: "could not ask" is never taken for
+  "not there", so a transient remote error never gets an intact artifact's ref dropped fleet-wide.
+- With verify keys configured (:mod:`precompile.trust`), a ref found only remotely is backfilled only if its
+  manifest's signature checks: an unsigned or badly signed entry never reaches the local tier.
 - Build leases are the remote's; with the remote down, a build is a plain local build.  With a read-only remote
   (serving workers) a miss waits while another worker holds the lease, and builds locally otherwise.
 """
@@ -23,7 +28,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from cache_backends.base import HEX64, MISS, Cache, _Miss, digest_bytes
-from precompile.errors import CacheError
+from precompile.errors import CacheError, CacheUnavailableError
 
 __all__ = ["TieredCache", "manifest_digests"]
 
@@ -38,7 +43,10 @@ def manifest_digests(manifest: bytes) -> list[str]:
     Raises:
         ValueError: ``manifest`` is not JSON with a ``"blobs"`` object of 64-hex names.
     """
-    doc = json.loads(manifest)
+    try:
+        doc = json.loads(manifest)
+    except RecursionError as err:
+        raise ValueError(f"manifest nested too deep: {err}") from err
     blobs = doc.get("blobs") if isinstance(doc, dict) else None
     if not isinstance(blobs, dict) or not all(isinstance(d, str) and HEX64.match(d) for d in blobs):
         raise ValueError("not an artifact manifest: no 'blobs' object of digests")
@@ -65,24 +73,34 @@ class TieredCache(Cache):
         self.read_only = local.read_only and remote.read_only
         self.remote_errors = 0
         self._warned: set[str] = set()
+        #: manifests read from the remote whose signature did not check: served once, never backfilled
+        self._held: dict[str, bytes] = {}
 
     # ------------------------------------------------------------------------------------------- plumbing
-    def _remote(self, what: str, fn: Callable[[], T], default: T) -> T:
-        """``fn()`` against the remote; on any cache error (or a read-only remote on writes) ``default``."""
+    def _remote(self, what: str, fn: Callable[[], T], default: T, *, needed: bool = False) -> T:
+        """``fn()`` against the remote; on any cache error (or a read-only remote on writes) ``default``, or with
+        ``needed`` (the local tier could not answer alone) a :class:`CacheUnavailableError` chained to it."""
         try:
             return fn()
         except CacheError as err:
-            self.remote_errors += 1
-            first = type(err).__name__ not in self._warned
-            self._warned.add(type(err).__name__)
-            log.log(logging.WARNING if first else logging.DEBUG,
-                    "remote cache %s failed while %s (%s); serving from the local cache %s", self.remote.url, what,
-                    err, self.local.url)
-            try:
-                self.local.incr(remote_errors=1)
-            except Exception:  # noqa: BLE001 - counting never fails a call
-                pass
+            self._note_remote_error(what, err)
+            if needed:
+                raise CacheUnavailableError(f"remote cache {self.remote.url} failed while {what} that the local "
+                                            f"cache {self.local.url} lacks: {err}") from err
             return default
+
+    def _note_remote_error(self, what: str, err: CacheError) -> None:
+        """Count a remote failure (``remote_errors``) and log it, as a warning the first time per kind."""
+        self.remote_errors += 1
+        first = type(err).__name__ not in self._warned
+        self._warned.add(type(err).__name__)
+        log.log(logging.WARNING if first else logging.DEBUG,
+                "remote cache %s failed while %s (%s); serving from the local cache %s", self.remote.url, what,
+                err, self.local.url)
+        try:
+            self.local.incr(remote_errors=1)
+        except Exception:  # noqa: BLE001 - counting never fails a call
+            pass
 
     def _write_both(self, what: str, write: Callable[[Cache], object]) -> None:
         """``write(local)``, then ``write(remote)`` unless the remote is read-only (its failure logged and counted).
@@ -120,32 +138,44 @@ class TieredCache(Cache):
         return self.get_blobs([digest])[digest]
 
     def get_blobs(self, digests: list[str]) -> dict[str, bytes | _Miss]:
-        """Local first; the local misses in one remote ``get_blobs`` (pipelined for Redis), backfilled.
+        """Local first; the local misses in one remote ``get_blobs`` (pipelined for Redis), backfilled (except a
+        manifest whose signature did not check, see the module docstring).
 
         Raises:
             ValueError: a digest is malformed.
-            CacheUnavailableError: the local tier cannot be read.
+            CacheUnavailableError: the local tier cannot be read, or lacks some of the blobs and the remote failed.
         """
         out = self.local.get_blobs(digests)
+        for d in [d for d, v in out.items() if v is MISS and d in self._held]:
+            out[d] = self._held.pop(d)
         missing = [d for d, v in out.items() if v is MISS]
         if missing:
-            got = self._remote(f"reading {len(missing)} blob(s)", lambda: self.remote.get_blobs(missing), {})
+            got = self._remote(f"reading {len(missing)} blob(s)", lambda: self.remote.get_blobs(missing), {},
+                               needed=True)
             found = {d: v for d, v in got.items() if v is not MISS}
             self._backfill(found)  # type: ignore[arg-type]
             out.update(found)
         return out
 
     def has_blob(self, digest: str) -> bool:
-        """True if either tier has the blob."""
+        """True if either tier has the blob.
+
+        Raises:
+            CacheUnavailableError: the local tier lacks it and the remote failed.
+        """
         return self.local.has_blob(digest) or self._remote("checking a blob", lambda: self.remote.has_blob(digest),
-                                                          False)
+                                                          False, needed=True)
 
     def has_blobs(self, digests: list[str]) -> dict[str, bool]:
-        """Local first; the rest in one remote ``has_blobs``."""
+        """Local first; the rest in one remote ``has_blobs``.
+
+        Raises:
+            CacheUnavailableError: the local tier lacks some and the remote failed.
+        """
         out = self.local.has_blobs(digests)
         missing = [d for d, ok in out.items() if not ok]
         if missing:
-            out.update(self._remote("checking blobs", lambda: self.remote.has_blobs(missing), {}))
+            out.update(self._remote("checking blobs", lambda: self.remote.has_blobs(missing), {}, needed=True))
         return out
 
     def put_blob(self, data: bytes, digest: str | None = None) -> str:
@@ -181,13 +211,29 @@ class TieredCache(Cache):
         return digest
 
     def _backfill_artifact(self, key: str, digest: str) -> None:
-        manifest = self.get_blob(digest)  # backfills the manifest itself
+        """Copy a remote-only artifact (manifest, every blob it names, then the ref) into the local tier, if its
+        manifest's signature checks under the verify keys configured (any, when none are)."""
+        from precompile import trust
+
+        try:
+            got = self.remote.get_blobs([digest])
+        except CacheError as err:
+            self._note_remote_error(f"reading manifest {digest[:12]}", err)
+            return
+        manifest = got.get(digest, MISS)
         if manifest is MISS:
             return
         try:
             names = manifest_digests(manifest)  # type: ignore[arg-type]
         except ValueError:
             return
+        policy = trust.policy(self)
+        if policy.required and not policy.check(json.loads(manifest)).ok:  # type: ignore[arg-type]
+            if len(self._held) >= 16:
+                self._held.clear()
+            self._held[digest] = manifest  # type: ignore[assignment]
+            return  # the load that follows refuses it, counts and logs why
+        self._backfill({digest: manifest})  # type: ignore[dict-item]
         try:
             missing = [d for d, ok in self.local.has_blobs(names).items() if not ok]
             if missing:

@@ -18,7 +18,12 @@ import torch
 
 from cache_backends.base import Cache
 from precompile import fingerprint, metrics
-from precompile.errors import ArtifactNotFoundError, EnvironmentMismatchError, InputMismatchError
+from precompile.errors import (
+    ArtifactFormatError,
+    ArtifactNotFoundError,
+    EnvironmentMismatchError,
+    InputMismatchError,
+)
 from precompile.inputs import CallChecks, size_at
 from precompile.lookup import is_key_prefix, resolve_key
 from precompile.manifest import Manifest
@@ -302,19 +307,23 @@ class Artifact:
         Returns:
             the path written.
 
+        With ``PRECOMPILE_SIGNING_KEY`` set, an unsigned manifest is signed first (:mod:`precompile.trust`).
+
         Raises:
             ValueError: ``format`` is neither ``"binary"`` nor ``"unpacked"``.
             FileNotFoundError: the directory ``path`` is in does not exist (``"binary"``; ``"unpacked"`` creates it).
+            UnsafePathError: (``"unpacked"``) a kernel, wrapper or binary name would be written outside ``path``.
             ArtifactNotFoundError: a part of the artifact could not be read to write it.
             OSError: the file system refused the write.
         """
-        from precompile import formats
+        from precompile import formats, trust
 
         path = Path(path)
         if format == "binary" and not path.parent.is_dir():
             raise FileNotFoundError(2, f"cannot save artifact {self.key[:12]} to {path}: directory {path.parent} "
                                        "does not exist", str(path.parent))
         blobs = self.all_blobs()
+        self.manifest = trust.policy().sign(self.manifest)
         manifest = self.manifest.to_json()
         if format == "binary":
             formats.write_binary(path, manifest, blobs)
@@ -374,7 +383,10 @@ def load(path_or_key: str | os.PathLike[str], *, cache: str | Cache | None = Non
         AmbiguousKeyError: several keys start with the prefix (the message lists them).
         CacheURLError: ``cache`` is not a valid cache URL.
         ArtifactFormatError: the file is not a precompile artifact, is truncated, or a part fails its digest.
+        UnsafePathError: (an ArtifactFormatError) a name in the manifest or ``index.json`` would be an unsafe path.
+        UntrustedArtifactError: verify keys are configured and the file's manifest is not signed by one of them.
         EnvironmentMismatchError: the artifact was built for another torch/CPU ISA/GPU.
+        TrustConfigError: a configured key cannot be read.
     """
     start = time.perf_counter()
     text = os.fspath(path_or_key)
@@ -408,13 +420,26 @@ def load(path_or_key: str | os.PathLike[str], *, cache: str | Cache | None = Non
 
 
 def _load_path(p: Path) -> Artifact:
-    from precompile import formats
+    from precompile import formats, trust
+    from precompile.errors import UntrustedArtifactError
 
     if p.is_dir():
         manifest, blobs = formats.read_unpacked(p)
     else:
         manifest, blobs = formats.read_binary(p)
+    verdict = trust.policy().check(manifest.to_dict())
+    if not verdict.ok:
+        trust.note_refused(verdict, f"artifact {p}")
+        raise UntrustedArtifactError(f"artifact {p} is refused: {verdict.detail}; nothing of it was run. Load "
+                                     "artifacts signed by a key in PRECOMPILE_VERIFY_KEYS", verdict.status,
+                                     verdict.key_id)
     check_environment(manifest)
-    return Artifact(manifest, blobs, source=str(p))
+    try:
+        return Artifact(manifest, blobs, source=str(p))
+    except ArtifactFormatError:
+        raise
+    except Exception as err:  # noqa: BLE001 - a garbled spec is a format error, never a stray exception
+        raise ArtifactFormatError(f"artifact {p} has a manifest that does not load: {type(err).__name__}: "
+                                  f"{err}") from err
 
 

@@ -9,8 +9,8 @@ import torch
 
 from cache_backends.base import MISS, Cache
 from precompile import metrics
-from precompile.errors import ArtifactFormatError, ArtifactNotFoundError, CacheError
-from precompile.manifest import Manifest
+from precompile.errors import ArtifactFormatError, ArtifactNotFoundError, CacheError, UnsafePathError
+from precompile.manifest import Manifest, load_json
 
 if TYPE_CHECKING:  # pragma: no cover
     from precompile.artifact import Artifact
@@ -22,18 +22,25 @@ def load_from_cache(key: str, cache: str | Cache | None, *, bound: dict[int, tor
                     check_env: bool = True) -> Artifact | None:
     """The artifact stored under ``key``, or None on a miss.
 
-    Reads the ref, the manifest and the blobs a load needs (engine payload, binaries), all verified by the
-    backend, and checks that the other parts exist (they are read, and verified, when used).  A ref whose
-    manifest or blobs are missing or corrupt is a miss: the ref is dropped so the next build replaces it.  Cache
-    failures are misses too (logged once, counted under ``errors``).
+    Reads the ref and the manifest, checks the manifest's signature when verify keys are configured
+    (:func:`precompile.trust.policy`: an unsigned or badly signed entry is a miss, logged and counted under
+    ``untrusted`` and ``untrusted_<reason>``, its ref left alone), then its structure and every name in it
+    (:mod:`precompile.names`), then reads the blobs a load needs (engine payload, binaries), all verified by the
+    backend, and checks that the other parts exist (they are read, and verified, when used).  Nothing read is run
+    here.  A ref whose manifest or blobs are verified missing or corrupt is a miss: the ref is dropped so the next
+    build replaces it.  Cache failures (a server down or stalled) are misses too, logged once, counted under
+    ``errors``, and never drop anything.
 
     Raises:
         EnvironmentMismatchError: only if ``check_env`` and the stored manifest's key fields differ from here
             (impossible for a key computed here, possible for a key copied from elsewhere).
+        TrustConfigError: a configured signing or verify key cannot be read.
     """
     from cache_backends.registry import open_cache
+    from precompile import trust
 
     c = open_cache(cache)
+    policy = trust.policy(c)
     try:
         digest = c.get_ref(key)
         if digest is MISS:
@@ -43,7 +50,12 @@ def load_from_cache(key: str, cache: str | Cache | None, *, bound: dict[int, tor
         if raw is MISS:
             _drop_ref(c, key, "its manifest blob is missing or corrupt")
             return None
-        manifest = Manifest.from_json(raw)
+        doc = load_json(raw)
+        verdict = policy.check(doc)
+        if not verdict.ok:
+            safe_incr(c, **trust.note_refused(verdict, f"cache entry {key[:12]} in {c.url}"))
+            return None
+        manifest = Manifest.from_dict(doc)
         if manifest.key != key:
             _drop_ref(c, key, f"its manifest names another key {manifest.key[:12]}")
             return None
@@ -57,6 +69,10 @@ def load_from_cache(key: str, cache: str | Cache | None, *, bound: dict[int, tor
         if lost:
             _drop_ref(c, key, f"{len(lost)} of its parts are missing or corrupt")
             return None
+    except UnsafePathError as err:  # planted or garbled: never used, counted with the refused entries
+        log.warning("refusing cache entry %s in %s: %s; nothing of it was run", key[:12], c.url, err)
+        safe_incr(c, untrusted=1, untrusted_unsafe_path=1)
+        return None
     except (CacheError, ArtifactFormatError) as err:
         warn_once(c, f"cache {c.url} failed while reading artifact {key[:12]}: {err}; treating it as a miss",
                   kind=f"read {type(err).__name__}")
@@ -69,13 +85,22 @@ def load_from_cache(key: str, cache: str | Cache | None, *, bound: dict[int, tor
         check_environment(manifest)
 
     def reader(digests: list[str]) -> dict[str, bytes]:
-        found = c.get_blobs(digests)
+        try:
+            found = c.get_blobs(digests)
+        except CacheError as err:  # the part is then "not available": ArtifactNotFoundError from Artifact.blob
+            log.warning("could not read %d part(s) of artifact %s from %s: %s", len(digests), key[:12], c.url, err)
+            return {}
         return {d: v for d, v in found.items() if v is not MISS}
 
     try:
         return Artifact(manifest, got, bound=bound, source="cache", blob_reader=reader, cache=c)
     except ArtifactFormatError as err:  # a manifest whose digests check but whose specs or guards do not parse
         _drop_ref(c, key, str(err))
+        return None
+    except Exception as err:  # noqa: BLE001 - e.g. pytree specs that do not load: a miss, never a crash
+        warn_once(c, f"cache entry {key[:12]} in {c.url} is unusable ({type(err).__name__}: {err}); treating it "
+                     "as a miss", kind=f"construct {type(err).__name__}")
+        safe_incr(c, errors=1)
         return None
 
 
@@ -115,10 +140,26 @@ def warn_once(cache: Cache, message: str, kind: str | None = None) -> None:
 def store(cache: Cache, art: Artifact) -> bool:
     """Write every blob of ``art``, then its manifest, then its ref (so no reader sees a partial artifact).
 
+    With a signing key (``PRECOMPILE_SIGNING_KEY`` or the URL's ``signing_key=``) an unsigned manifest is signed
+    first, and ``art.manifest`` becomes the signed one.  With verify keys and no signing key (a serving worker
+    that built for itself) nothing is stored: every reader here would refuse the unsigned entry.
+
     Returns:
         True if stored; False if the cache refused (read-only, unavailable): logged once, counted, never
         raised.
+
+    Raises:
+        TrustConfigError: the configured signing key cannot be read.
     """
+    from precompile import trust
+
+    policy = trust.policy(cache)
+    art.manifest = policy.sign(art.manifest)
+    if policy.required and art.manifest.signature is None:
+        warn_once(cache, f"not storing artifact {art.key[:12]} in {cache.url}: verify keys are configured and no "
+                         "signing key (PRECOMPILE_SIGNING_KEY), so it would be refused as unsigned; builders sign",
+                  kind="store unsigned")
+        return False
     try:
         # put_blob of a blob already there writes nothing but refreshes it, so a concurrent eviction's grace
         # period protects it until the ref below lands

@@ -15,6 +15,11 @@ temporary directory by setting the environment before the call.
 
 A variable that holds a value precompile does not accept is a :class:`~precompile.errors.ConfigError` naming the
 variable, never a silent default.
+| ``PRECOMPILE_SIGNING_KEY`` | builders: path of the Ed25519 private key (PEM) every stored or saved manifest is signed with; its public key is trusted too | unset: nothing signed |
+| ``PRECOMPILE_VERIFY_KEYS`` | serving workers: comma-separated Ed25519 public keys (``ed25519:<64 hex>``, or files of them / PEM); set, only artifacts signed by one of them load | unset: nothing checked |
+
+The keys are parsed once per distinct value (:mod:`precompile.trust`); a cache URL may add its own
+(``verify_keys=``, ``signing_key=``).
 """
 
 from __future__ import annotations
@@ -113,3 +118,12 @@ def vllm_platform_enabled() -> bool:
     """False when ``PRECOMPILE_VLLM_PLATFORM`` is ``0``/``false``/``no``/``off``: precompile's vLLM platform plugin
     then stays inactive."""
     return (os.environ.get("PRECOMPILE_VLLM_PLATFORM") or "1").strip().lower() not in ("0", "false", "no", "off")
+def signing_key_path() -> str | None:
+    """Path of the Ed25519 private key (PEM) manifests are signed with, from ``PRECOMPILE_SIGNING_KEY``."""
+    return os.environ.get("PRECOMPILE_SIGNING_KEY", "").strip() or None
+
+
+def verify_keys_text() -> str:
+    """``PRECOMPILE_VERIFY_KEYS`` as given (comma-separated keys or key files; empty when unset); parsed by
+    :func:`precompile.trust.parse_verify_keys`."""
+    return os.environ.get("PRECOMPILE_VERIFY_KEYS", "").strip()

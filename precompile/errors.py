@@ -51,6 +51,40 @@ class ArtifactFormatError(ArtifactError, ValueError):
     """
 
 
+class UnsafePathError(ArtifactFormatError):
+    """A name read from an artifact would become a path it must not: absolute, with a ``..`` component, with a
+    separator where a plain name is meant, empty, or with characters outside ``[A-Za-z0-9_.+-]``.
+
+    Raised on load (manifest, ``index.json``, a binary's place under a directory) and on save, before anything is
+    written.  ``field`` says where the name was (``"kernels[0].relpaths"``), ``name`` is the offending value.
+    A :class:`ValueError` and an :class:`ArtifactFormatError` too: a cache entry holding one is a miss.
+    """
+
+    def __init__(self, message: str, field: str = "", name: object = None):
+        super().__init__(message)
+        self.field = field
+        self.name = name
+
+
+class UntrustedArtifactError(ArtifactError, PermissionError):
+    """Verify keys are configured and an artifact file or directory is not signed by one of them.
+
+    ``reason`` is one of ``"unsigned"``, ``"unknown_key"`` (signed by a key not configured here),
+    ``"bad_signature"`` (the signature does not match the manifest: it was changed after signing) or
+    ``"malformed"`` (the signature record does not parse); ``key_id`` is the signer's key id, if any.  Nothing
+    of the artifact ran.  From a cache the same cases are a miss counted under ``untrusted_<reason>``.
+    """
+
+    def __init__(self, message: str, reason: str = "", key_id: str | None = None):
+        super().__init__(message)
+        self.reason = reason
+        self.key_id = key_id
+
+
+class TrustConfigError(PrecompileError, ValueError):
+    """A signing or verify key given in the environment or a cache URL cannot be read or is not Ed25519."""
+
+
 class ArtifactNotFoundError(ArtifactError, FileNotFoundError):
     """No artifact exists under the given path, or the cache holds no artifact for the given key."""
 

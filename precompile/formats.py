@@ -13,6 +13,11 @@ The unpacked directory holds ``manifest.json``, ``index.json`` (digest -> file) 
 opens directly: ``graph/code.py``, ``graph/graph.json``, ``inputs.json``, ``wrappers/*.py``,
 ``kernels/*.cpp|*.py``, ``binaries/<kernel>/*``, ``autotune.json``, ``alignment.json``, ``env.json``,
 ``engine/payload.bin``.  Every part is checked against its digest when read.
+
+Every length and count read from a file is bounded by the bytes the file holds, every blob's decompressed size by
+its frame (and the manifest's record of it), and every name that becomes a path, on save and on load, is checked
+(:mod:`precompile.names`): garbage is an :class:`ArtifactFormatError`, never a huge allocation or a file written
+or read outside the artifact's directory.
 """
 
 from __future__ import annotations
@@ -22,13 +27,15 @@ import os
 import struct
 from pathlib import Path
 
-from cache_backends.base import digest_bytes
-from precompile import config
+from cache_backends.base import decompress_frame, digest_bytes
+from precompile import config, names
 from precompile.errors import ArtifactFormatError
-from precompile.manifest import Manifest
+from precompile.manifest import Manifest, load_json
 
 MAGIC = b"\x89PCART\r\n"
 END = b"PCARTEND"
+#: Bytes of one blob entry besides its frame: raw sha256 and u64 length.
+_ENTRY = 32 + 8
 
 
 def write_binary(path: Path, manifest: bytes, blobs: dict[str, bytes]) -> None:
@@ -54,8 +61,6 @@ def write_binary(path: Path, manifest: bytes, blobs: dict[str, bytes]) -> None:
 
 
 def read_binary(path: Path) -> tuple[Manifest, dict[str, bytes]]:
-    import zstandard
-
     data = path.read_bytes()
     if len(data) < len(MAGIC) and MAGIC.startswith(data):
         raise ArtifactFormatError(f"{path} is truncated: it has {len(data)} bytes, fewer than the artifact's "
@@ -82,17 +87,22 @@ def read_binary(path: Path) -> tuple[Manifest, dict[str, bytes]]:
     (mlen,) = struct.unpack("<Q", take(8, "the manifest length"))
     manifest = Manifest.from_json(bytes(take(mlen, "the manifest")))
     (count,) = struct.unpack("<I", take(4, "the blob count"))
-    dctx = zstandard.ZstdDecompressor()
+    if count * _ENTRY > len(view) - pos:
+        raise ArtifactFormatError(f"{path} is truncated or corrupt: it claims {count} blobs, which need at least "
+                                  f"{count * _ENTRY} bytes, and {len(view) - pos} are left; copy the artifact again")
     blobs: dict[str, bytes] = {}
     for i in range(count):
         digest = bytes(take(32, f"blob {i}'s digest")).hex()
         (zlen,) = struct.unpack("<Q", take(8, f"blob {i}'s length"))
         frame = take(zlen, f"blob {digest[:12]}")
+        info = manifest.blobs.get(digest)
+        if info is None:
+            continue  # not part of this artifact: never decompressed, never kept
         try:
-            raw = dctx.decompress(frame, max_output_size=1 << 34)
-        except zstandard.ZstdError as err:
+            raw = decompress_frame(bytes(frame))
+        except ValueError as err:
             raise ArtifactFormatError(f"{path}: blob {digest[:12]} does not decompress ({err})") from err
-        if digest_bytes(raw) != digest:
+        if len(raw) != info["size"] or digest_bytes(raw) != digest:
             raise ArtifactFormatError(f"{path}: blob {digest[:12]} does not match its digest (the file is corrupt)")
         blobs[digest] = raw
     if bytes(take(len(END), "the end marker")) != END:
@@ -109,7 +119,11 @@ def _check_complete(path: Path, manifest: Manifest, blobs: dict[str, bytes]) -> 
 
 
 def _unpacked_layout(manifest: Manifest) -> dict[str, str]:
-    """``{digest: relative file path}`` for the unpacked directory."""
+    """``{digest: relative file path}`` for the unpacked directory.
+
+    Raises:
+        UnsafePathError: a kernel, wrapper or binary name is not a plain name (relative path for binaries).
+    """
     paths: dict[str, str] = {}
     parts = manifest.parts
     paths[parts["fx_graph"]["code"]] = "graph/code.py"
@@ -118,30 +132,42 @@ def _unpacked_layout(manifest: Manifest) -> dict[str, str]:
     if parts.get("inductor_config"):
         paths[parts["inductor_config"]] = "inductor_config.json"
     for name, d in parts.get("wrappers", {}).items():
-        paths.setdefault(d, f"wrappers/{name}.py")
+        paths.setdefault(d, f"wrappers/{names.plain_name(name, 'parts.wrappers')}.py")
     if parts.get("fast") and "source" in parts["fast"]:
-        paths.setdefault(parts["fast"]["source"], f"wrappers/{parts['fast']['wrapper']}.fast.py")
-    for k in manifest.kernels:
+        wrapper = names.plain_name(parts["fast"]["wrapper"], "parts.fast.wrapper")
+        paths.setdefault(parts["fast"]["source"], f"wrappers/{wrapper}.fast.py")
+    for i, k in enumerate(manifest.kernels):
         ext = "cpp" if k["lang"] == "cpp" else "py"
-        paths.setdefault(k["source"], f"kernels/{k['name']}.{ext}")
+        kname = names.plain_name(k["name"], f"kernels[{i}].name")
+        paths.setdefault(k["source"], f"kernels/{kname}.{ext}")
         for fname, d in k["binaries"].items():
-            paths.setdefault(d, f"binaries/{k['name']}/{fname}")
+            paths.setdefault(d, f"binaries/{kname}/{names.relative_path(fname, f'kernels[{i}].binaries')}")
     for d, info in manifest.blobs.items():
-        paths.setdefault(d, f"blobs/{d}")
+        paths.setdefault(d, f"blobs/{names.plain_name(d, 'blobs')}")
     return paths
 
 
 def write_unpacked(path: Path, manifest: Manifest, raw_manifest: bytes, blobs: dict[str, bytes]) -> None:
+    """Write the unpacked directory ``path`` (a temporary sibling, renamed into place).
+
+    Raises:
+        UnsafePathError: a name in the manifest would be written outside ``path`` (nothing is left behind).
+        OSError: the file system refused the write.
+    """
     import shutil
     import tempfile
 
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    layout = _unpacked_layout(manifest)
-    for digest, rel in layout.items():
-        target = tmp / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(blobs[digest])
+    try:
+        layout = _unpacked_layout(manifest)
+        for digest, rel in layout.items():
+            target = names.inside(tmp, rel, "unpacked layout")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(blobs[digest])
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     extras = {
         "inputs.json": manifest.placeholders,
         "autotune.json": manifest.autotune,
@@ -162,21 +188,31 @@ def write_unpacked(path: Path, manifest: Manifest, raw_manifest: bytes, blobs: d
 
 
 def read_unpacked(path: Path) -> tuple[Manifest, dict[str, bytes]]:
+    """The manifest and every blob of the unpacked directory ``path``, each checked against its digest.
+
+    Raises:
+        ArtifactFormatError: no ``manifest.json``, a bad ``index.json``, a part missing or modified.
+        UnsafePathError: an ``index.json`` entry is not a plain relative path, or leads outside ``path`` (through
+            ``..`` or a symbolic link).
+    """
     mpath = path / "manifest.json"
     if not mpath.is_file():
         raise ArtifactFormatError(f"{path} is a directory without manifest.json: not an unpacked precompile artifact")
-    manifest = Manifest.from_json(mpath.read_bytes())
+    manifest = Manifest.from_dict(load_json(mpath.read_bytes()))
     try:
-        layout = json.loads((path / "index.json").read_text())
-    except (OSError, ValueError) as err:
+        layout = load_json((path / "index.json").read_bytes())
+    except (OSError, ArtifactFormatError) as err:
         raise ArtifactFormatError(f"{path}/index.json is missing or invalid: {err}") from err
+    if not isinstance(layout, dict):
+        raise ArtifactFormatError(f"{path}/index.json is not a JSON object")
     blobs: dict[str, bytes] = {}
     for digest in manifest.blobs:
         rel = layout.get(digest)
         if rel is None:
             raise ArtifactFormatError(f"{path}/index.json does not list part {digest[:12]}")
+        target = names.inside(path, rel, f"index.json[{digest[:12]}]")
         try:
-            data = (path / rel).read_bytes()
+            data = target.read_bytes()
         except OSError as err:
             raise ArtifactFormatError(f"{path}/{rel} is missing: {err}") from err
         if digest_bytes(data) != digest:

@@ -15,6 +15,18 @@ from precompile import config
 from precompile.errors import ArtifactFormatError
 
 
+def load_json(raw: bytes) -> Any:
+    """Parse manifest bytes as JSON (any JSON: :meth:`Manifest.from_dict` checks the shape).
+
+    Raises:
+        ArtifactFormatError: not UTF-8 JSON, or nested too deep to parse.
+    """
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError, RecursionError) as err:
+        raise ArtifactFormatError(f"manifest is not valid JSON: {type(err).__name__}: {err}") from err
+
+
 @dataclass
 class Manifest:
     """Parsed manifest.  ``to_dict()`` is JSON-ready; ``Manifest.from_dict(m.to_dict()) == m``.
@@ -45,6 +57,8 @@ class Manifest:
         shapes: ``{"symbols": {name: {"range": [lower, upper], "hint": example value}}, "guards": expression
             over ``L['t<i>']`` or None}`` (:mod:`precompile.guards`); empty for static graphs.
         schema: the format version.
+        signature: ``{"alg": "ed25519", "key_id", "public_key", "value"}``: a builder's Ed25519 signature over
+            every other field (:mod:`precompile.trust`), or None when unsigned.  Not part of the key.
     """
 
     key: str
@@ -60,13 +74,18 @@ class Manifest:
     calling: dict[str, Any] = field(default_factory=dict)
     shapes: dict[str, Any] = field(default_factory=dict)
     schema: int = config.FORMAT_VERSION
+    signature: dict[str, Any] | None = None
 
     _FIELDS = ("schema", "key", "factors", "placeholders", "parts", "kernels", "autotune", "alignment", "env",
                "blobs", "build", "calling", "shapes")
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict of every field."""
-        return {name: getattr(self, name) for name in self._FIELDS}
+        """JSON-ready dict of every field (``signature`` only when signed, so unsigned manifests keep their
+        bytes)."""
+        out = {name: getattr(self, name) for name in self._FIELDS}
+        if self.signature is not None:
+            out["signature"] = self.signature
+        return out
 
     def to_json(self) -> bytes:
         """UTF-8 JSON, keys sorted, indented: the bytes stored as the manifest blob."""
@@ -74,10 +93,12 @@ class Manifest:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Manifest:
-        """Build from a parsed dict.
+        """Build from a parsed dict, checking its structure and every name that becomes a path or an import
+        (:func:`precompile.names.check_manifest`).
 
         Raises:
-            ArtifactFormatError: the schema version is unknown or a field is missing.
+            ArtifactFormatError: the schema version is unknown, a field is missing or has the wrong type.
+            UnsafePathError: a name in it would become an unsafe path or import.
         """
         if not isinstance(data, dict):
             raise ArtifactFormatError("manifest is not a JSON object")
@@ -88,20 +109,20 @@ class Manifest:
         missing = [f for f in cls._FIELDS if f not in data]
         if missing:
             raise ArtifactFormatError(f"manifest is missing fields {missing}")
-        return cls(**{f: data[f] for f in cls._FIELDS})
+        from precompile.names import check_manifest
+
+        check_manifest(data)
+        return cls(**{f: data[f] for f in cls._FIELDS}, signature=data.get("signature"))
 
     @classmethod
     def from_json(cls, raw: bytes) -> Manifest:
         """Parse manifest bytes.
 
         Raises:
-            ArtifactFormatError: not JSON, or not a manifest of a supported schema.
+            ArtifactFormatError: not JSON (or nested too deep to parse), or not a manifest of a supported schema.
+            UnsafePathError: a name in it would become an unsafe path or import.
         """
-        try:
-            data = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as err:
-            raise ArtifactFormatError(f"manifest is not valid JSON: {err}") from err
-        return cls.from_dict(data)
+        return cls.from_dict(load_json(raw))
 
     # -------------------------------------------------------------------------------------- conveniences
     def part_digests(self) -> list[str]:

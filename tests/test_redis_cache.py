@@ -112,6 +112,7 @@ def test_read_only_url_never_writes(redis_server):
     writer = open_cache(redis_server.url())
     digest = writer.put_blob(b"artifact part")
     writer.set_ref(KEY, digest)
+    assert writer.flush()  # its counters are sent off the call path: let them land before the snapshot
     r = redis_server.client()
     before = sorted(r.keys("*"))
     reader = open_cache(redis_server.url(read_only=1, ttl=60))
@@ -138,7 +139,9 @@ def test_acl_user_with_read_commands_only(redis_server):
     cache = open_cache(url)
     assert "s3cret" not in cache.url and "worker:***@" in cache.url
     assert cache.get_ref(KEY) == digest and cache.get_blob(digest) == b"compiled kernel"
-    # its first write (the read counters) got NOPERM from the server: the cache turned read-only, with a warning
+    # its first write (the read counters, sent off the call path; flush() waits for them) got NOPERM from the
+    # server: the cache turned read-only, with a warning
+    cache.flush()
     assert cache.read_only
     with pytest.raises(CacheReadOnlyError):
         cache.put_blob(b"new")
@@ -151,6 +154,7 @@ def test_acl_user_with_read_commands_only(redis_server):
     counted = open_cache(f"redis://counted:pw2@127.0.0.1:{redis_server.port}/0?read_only=1&counters=1")
     assert counted.get_ref(KEY) == digest
     counted.incr(hits=1)
+    assert counted.flush()
     assert int(admin.hget("precompile:counters", "hits")) == 1
     with pytest.raises(CacheReadOnlyError):
         counted.put_blob(b"new")

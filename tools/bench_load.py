@@ -16,7 +16,11 @@ Outputs of both loads are compared with the fresh compile's.  Peak extra residen
 ``ru_maxrss`` after the first call minus before the load.  Also: a warm load (``load`` + ``bind`` +
 ``warmup()``, its first call); N loads at once (``--concurrent N``: the processes import torch first, then start
 their loads on one GO file); and the steady call of the loaded callable against the fresh compile's, called
-alternately in the build process (``paired_steady_ms``), which cancels the machine's noise.
+alternately in the build process (``paired_steady_ms``), which cancels the machine's noise.  What signing
+costs: the same load from a cache of signed manifests with ``PRECOMPILE_VERIFY_KEYS`` set (``signed_load_s``,
+its ratio to torch's load and to the unsigned load; ``--repeat`` signed and unsigned loads alternate, medians
+compared), the signature check alone (``verify_ms``, median) and the one-time import of ``cryptography``'s Ed25519
+in a fresh process (``crypto_import_ms``).
 
     python tools/bench_load.py --model llama --shape 1x32
     python tools/bench_load.py --model tools.recipes:transformer_blocks --shape 4x128 --json
@@ -52,6 +56,8 @@ def _args(argv=None) -> argparse.Namespace:
     p.add_argument("--workdir", default=None, help="keep artifacts here (default: a temp dir)")
     p.add_argument("--concurrent", type=int, default=0,
                    help="also start this many precompile loads at once and report their load seconds")
+    p.add_argument("--repeat", type=int, default=3,
+                   help="signed and unsigned fresh-process loads, alternating, for the signing cost (medians)")
     p.add_argument("--phase", default=None, help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -154,10 +160,36 @@ def phase_build_ours(a: argparse.Namespace, work: Path) -> dict:
         # the loaded callable (fast path: carried binaries) against the fresh compile, alternating in one process
         loaded = precompile.load(art.key, cache=url)
         fresh_ms, loaded_ms = _paired_ms(art, loaded, ex, a.device, max(a.calls, 100))
-    return {"precompile_compile_s": seconds, "precompile_compiled_call_ms": compiled_ms, "key": art.key,
+    signed = _signed_cache(work, url, art.key)
+    return {**signed, "precompile_compile_s": seconds, "precompile_compiled_call_ms": compiled_ms, "key": art.key,
             "paired_fresh_ms": fresh_ms, "paired_loaded_ms": loaded_ms, "paired_engine": loaded.engine_kind,
             "cache": url, "artifact_bytes": art.manifest.total_bytes(), "kernels": len(art.manifest.kernels),
             "placeholders": len(art.manifest.placeholders)}
+
+
+def _signed_cache(work: Path, url: str, key: str) -> dict:
+    """A second cache holding the artifact with its manifest signed by a fresh key, and the median time of one
+    signature check (canonical JSON of the manifest + Ed25519 verify), ms."""
+    import precompile
+    from cache_backends.registry import open_cache
+    from precompile import trust
+    from precompile.cache_io import store
+
+    key_path = work / "signing.pem"
+    public = trust.generate_key(key_path)
+    art = precompile.load(key, cache=url)
+    art.manifest = trust.Policy(signer=trust.load_signing_key(str(key_path))).sign(art.manifest)
+    signed_url = "file://" + str(work / "cache-signed")
+    store(open_cache(signed_url), art)
+    verifier = trust.Policy(trust.parse_verify_keys(public))
+    doc = json.loads(art.manifest.to_json())
+    times = []
+    for _ in range(50):
+        t = time.perf_counter()
+        assert verifier.check(doc).ok
+        times.append((time.perf_counter() - t) * 1000)
+    return {"signed_cache": signed_url, "verify_key": public, "verify_ms": statistics.median(times),
+            "manifest_bytes": len(art.manifest.to_json())}
 
 
 def phase_load(a: argparse.Namespace, work: Path, which: str, key: str, url: str) -> dict:
@@ -244,6 +276,12 @@ def main(argv=None) -> int:
             result = phase_build(a, work)
         elif a.phase == "build-ours":
             result = phase_build_ours(a, work)
+        elif a.phase == "crypto-import":
+            t = time.perf_counter()
+            from cryptography.exceptions import InvalidSignature  # noqa: F401
+            from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey  # noqa: F401
+
+            result = {"crypto_import_ms": (time.perf_counter() - t) * 1000}
         else:
             which, key, url = a.phase.split(",", 2)
             result = phase_load(a, work, which, key, url)
@@ -254,6 +292,14 @@ def main(argv=None) -> int:
     t = _child(a, work, f"torch,{build['key']},{build['cache']}", _fresh_env(work, "torch"))
     o = _child(a, work, f"ours,{build['key']},{build['cache']}", _fresh_env(work, "ours"))
     w = _child(a, work, f"ours-warm,{build['key']},{build['cache']}", _fresh_env(work, "ours-warm"))
+    unsigned, signed = [], []
+    for i in range(max(1, a.repeat)):  # alternating, so that the machine's drift hits both alike
+        unsigned.append(_child(a, work, f"ours,{build['key']},{build['cache']}", _fresh_env(work, f"ours-u{i}")))
+        signed.append(_child(a, work, f"ours,{build['key']},{build['signed_cache']}",
+                             {**_fresh_env(work, f"ours-s{i}"), "PRECOMPILE_VERIFY_KEYS": build["verify_key"]}))
+    sg = {"load_s": statistics.median(r["load_s"] for r in signed), "matches": all(r["matches"] for r in signed)}
+    unsigned_s = statistics.median(r["load_s"] for r in unsigned)
+    crypto = _child(a, work, "crypto-import", _fresh_env(work, "crypto"))
     concurrent = []
     if a.concurrent:
         # all N processes import torch and read their inputs first; then the N loads start together
@@ -291,6 +337,11 @@ def main(argv=None) -> int:
         "engine": o["engine"],
         "warm_load_s": w["load_s"], "warm_first_call_s": w["first_call_s"], "warm_steady_call_ms": w["steady_call_ms"],
         "warm_speedup": t["load_s"] / w["load_s"] if w["load_s"] else None,
+        "signed_load_s": sg["load_s"], "unsigned_load_s": unsigned_s, "repeat": max(1, a.repeat),
+        "signed_speedup": t["load_s"] / sg["load_s"] if sg["load_s"] else None,
+        "signed_vs_unsigned": sg["load_s"] / unsigned_s if unsigned_s else None, "verify_ms": build["verify_ms"],
+        "crypto_import_ms": crypto["crypto_import_ms"],
+        "manifest_bytes": build["manifest_bytes"], "signed_outputs_match": sg["matches"],
     }
     if concurrent:
         result["concurrent_loads"] = len(concurrent)
@@ -329,6 +380,11 @@ def main(argv=None) -> int:
     con.print(f"with load(warmup=True) (weights bound, one call on zeros inside the load): load "
               f"{w['load_s']:.3f} s ({result['warm_speedup']:.1f}x faster than torch's), first call "
               f"{w['first_call_s']:.4f} s, steady {w['steady_call_ms']:.3f} ms")
+    con.print(f"signed: load {sg['load_s']:.3f} s with PRECOMPILE_VERIFY_KEYS set against {unsigned_s:.3f} s unsigned "
+              f"(medians of {result['repeat']} alternating fresh processes: {result['signed_vs_unsigned']:.2f}x; "
+              f"{result['signed_speedup']:.1f}x faster than torch's); the signature check alone "
+              f"{build['verify_ms']:.2f} ms for a {build['manifest_bytes']:,}-byte manifest, importing cryptography's "
+              f"Ed25519 {result['crypto_import_ms']:.1f} ms once per process")
     if concurrent:
         con.print(f"{len(concurrent)} precompile loads at once: max {max(concurrent):.3f} s, median "
                   f"{statistics.median(concurrent):.3f} s ({result['concurrent_vs_lone']:.2f}x a lone load)")

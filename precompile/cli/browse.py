@@ -77,6 +77,9 @@ def inspect(target: str, cache_url: str | None, as_json: bool) -> None:
     con.print(f"[bold]artifact[/] {m['key']}  (from {where})")
     con.print(f"built {m['build'].get('created')} in {m['build'].get('seconds')} s by precompile "
               f"{m['build'].get('precompile')}; {len(blobs)} blobs, {human_bytes(sum(b['size'] for b in blobs.values()))}")
+    from precompile.trust import describe
+
+    con.print(describe(m), markup=False)
     fast = m["parts"].get("fast")
     if fast:
         con.print("load: [green]fast path[/] (carried binaries, nothing compiled)"

@@ -107,7 +107,9 @@ class FastRuntime:
 
     def load_cpp(self, source: str) -> Any:
         digest, so = self._binary(source, "C++")
-        name = f"precompile_k{digest[:24]}.kernel"
+        # named by the binary's own digest, not its source's: a module loaded from another artifact's binary for
+        # the same source (a poisoned one, say) is never reused for this one
+        name = f"precompile_k{hashlib.sha256(so).hexdigest()[:32]}.kernel"
         module = sys.modules.get(name)
         if module is None:
             shim.set_pyobject_tensor_data_ptr()

@@ -1,0 +1,66 @@
+"""Build leases in Redis (``P:lease:<artifact key>``): ``SET NX PX`` with a random token, renewed and released by
+compare-and-set scripts, so that only the holder can extend or give back its lease."""
+
+from __future__ import annotations
+
+import secrets
+
+from cache_backends.base import check_name
+
+#: Compare-and-delete and compare-and-renew of a lease (the Redlock pattern for one instance,
+#: https://redis.io/docs/latest/develop/use/patterns/distributed-locks/).
+RELEASE_LUA = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end"
+RENEW_LUA = ("if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) "
+             "else return 0 end")
+
+
+class LeasesMixin:
+    """The lease methods of :class:`cache_backends.redis_cache.RedisCache` (which provides ``_talk``,
+    ``_lease_key``, ``lease_ttl_s`` and the registered scripts ``_renew`` and ``_release``)."""
+
+    def acquire_lease(self, key: str, ttl_s: float | None = None) -> str | None:
+        """Try to take the build lease of artifact ``key``: ``SET P:lease:<key> <token> NX PX <ttl>``.
+
+        Returns:
+            the lease's random token if taken, None if another holder has it.
+
+        Raises:
+            CacheReadOnlyError: the cache is read-only (a read-only worker never builds for the fleet).
+            CacheUnavailableError: Redis cannot be reached.
+        """
+        token = secrets.token_hex(16)
+        ms = int((ttl_s or self.lease_ttl_s) * 1000)
+        with self._talk(f"taking the build lease of {key[:12]}", write=True):
+            got = self.client.set(self._lease_key(check_name(key, "artifact key")), token.encode(), nx=True, px=ms)
+        return token if got else None
+
+    def renew_lease(self, key: str, token: str, ttl_s: float | None = None) -> bool:
+        """Extend the lease to ``ttl_s`` from now if ``token`` still holds it (compare-and-PEXPIRE in Lua).
+
+        Returns:
+            False if the lease expired or another worker holds it now.
+
+        Raises:
+            CacheUnavailableError: Redis cannot be reached.
+        """
+        ms = int((ttl_s or self.lease_ttl_s) * 1000)
+        with self._talk(f"renewing the build lease of {key[:12]}", write=True):
+            return bool(self._renew(keys=[self._lease_key(key)], args=[token, ms]))
+
+    def release_lease(self, key: str, token: str) -> bool:
+        """Delete the lease if ``token`` still holds it (compare-and-delete in Lua); True if deleted.
+
+        Raises:
+            CacheUnavailableError: Redis cannot be reached.
+        """
+        with self._talk(f"releasing the build lease of {key[:12]}", write=True):
+            return bool(self._release(keys=[self._lease_key(key)], args=[token]))
+
+    def lease_held(self, key: str) -> bool:
+        """True if some worker holds the build lease of ``key`` now (one EXISTS; a read).
+
+        Raises:
+            CacheUnavailableError: Redis cannot be reached.
+        """
+        with self._talk(f"checking the build lease of {key[:12]}"):
+            return bool(self.client.exists(self._lease_key(check_name(key, "artifact key"))))

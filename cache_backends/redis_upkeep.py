@@ -1,0 +1,134 @@
+"""Listing, checking and deleting what a Redis cache stores, for ``precompile verify`` and ``precompile gc``.
+
+The methods of :class:`UpkeepMixin` are part of :class:`cache_backends.redis_cache.RedisCache`, which provides
+``_talk``, the key names, ``_fetch_chunks``, ``_each_chunk``, ``_release`` and ``chunk_bytes``.  Nothing here is
+on a load's path.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from cache_backends import redis_codec as codec
+from cache_backends.base import HEX64, StoredBlob, StoredRef, check_name
+
+
+class UpkeepMixin:
+    """verify/gc support of :class:`cache_backends.redis_cache.RedisCache`."""
+
+    supports_upkeep = True
+
+    def _scan_keys(self, pattern: str) -> list[str]:
+        """Every key matching ``pattern`` (SCAN; on every primary of a cluster), sorted.  Call inside _talk."""
+        if self.cluster:
+            names: list[Any] = []
+            for node in self.client.get_primaries():
+                names.extend(self.client.get_redis_connection(node).scan_iter(match=pattern, count=1000))
+        else:
+            names = list(self.client.scan_iter(match=pattern, count=1000))
+        return sorted({n.decode() if isinstance(n, bytes) else str(n) for n in names})
+
+    @staticmethod
+    def _last_used(idle: Any, now: float) -> float | None:
+        return now - idle if isinstance(idle, int) else None  # OBJECT IDLETIME fails under an LFU policy
+
+    def list_blobs(self) -> list[StoredBlob]:
+        """Every blob head: digest, bytes stored (head, plus chunks for a chunked blob), and now minus the head's
+        idle time (Redis's LRU clock: a read refreshes it).
+
+        Raises:
+            CacheUnavailableError: Redis cannot be reached.
+        """
+        with self._talk("listing blobs"):
+            heads = [n for n in self._scan_keys(f"{self.prefix}:blob:*") if n.endswith("}")]
+            digests = [n[n.rindex("{") + 1:-1] for n in heads]
+            pipe = self.client.pipeline(transaction=False)
+            for name in heads:
+                pipe.strlen(name)
+                pipe.getrange(name, 0, codec.CHUNKED_HEAD_BYTES - 1)
+                pipe.object("idletime", name)
+            replies = pipe.execute(raise_on_error=False) if heads else []
+        now = time.time()
+        out = []
+        for i, digest in enumerate(digests):
+            size, start, idle = replies[3 * i:3 * i + 3]
+            if not HEX64.match(digest) or not isinstance(size, int):
+                continue
+            chunked = codec.parse_chunked(start if isinstance(start, bytes) else None)
+            if chunked is not None:
+                size += chunked.total
+            out.append(StoredBlob(digest, size, self._last_used(idle, now)))
+        return out
+
+    def list_refs(self) -> list[StoredRef]:
+        """Every ref (garbled ones too) with now minus its idle time (a hit reads it, so this is its LRU clock).
+
+        Raises:
+            CacheUnavailableError: Redis cannot be reached.
+        """
+        with self._talk("listing refs"):
+            names = [n for n in self._scan_keys(f"{self.prefix}:ref:*") if HEX64.match(n.rsplit(":", 1)[-1])]
+            pipe = self.client.pipeline(transaction=False)
+            for name in names:
+                pipe.get(name)
+                pipe.object("idletime", name)
+            replies = pipe.execute(raise_on_error=False) if names else []
+        now = time.time()
+        out = []
+        for i, name in enumerate(names):
+            value, idle = replies[2 * i:2 * i + 2]
+            if isinstance(value, bytes):
+                out.append(StoredRef(name.rsplit(":", 1)[-1], value.decode("ascii", "replace").strip()[:256],
+                                     self._last_used(idle, now)))
+        return out
+
+    def check_blob(self, digest: str) -> tuple[int | None, str | None]:
+        """Read blob ``digest`` (head and chunks) and re-hash it without dropping anything:
+        ``(uncompressed bytes, None)`` or ``(None, why)``.
+
+        Raises:
+            ValueError: ``digest`` is not 64 lowercase hex characters.
+            CacheUnavailableError: Redis cannot be reached.
+        """
+        with self._talk(f"checking blob {check_name(digest)[:12]}"):
+            head = self.client.get(self._head_key(digest))
+        if head is None:
+            return None, "missing"
+        if codec.head_kind(head) in (codec.INLINE_ZSTD, codec.INLINE_RAW):
+            data, why = codec.decode_inline(digest, head)
+        else:
+            chunked = codec.parse_chunked(head)
+            if chunked is None:
+                return None, "garbled head"
+            data, why = codec.read_chunked(digest, chunked, self.chunk_bytes,
+                                           lambda indices: self._fetch_chunks(digest, indices, False))
+        return (len(data), None) if data is not None else (None, why)
+
+    def drop_blob(self, blob: StoredBlob) -> bool:
+        """Delete a blob's head and chunks (Redis cannot tell whether a writer re-put it since it was listed).
+
+        Raises:
+            CacheReadOnlyError: the cache is read-only.
+            CacheUnavailableError: Redis cannot be reached.
+        """
+        head_key = self._head_key(check_name(blob.digest))
+        with self._talk(f"deleting blob {blob.digest[:12]}", write=True):
+            start = self.client.getrange(head_key, 0, codec.CHUNKED_HEAD_BYTES - 1)
+            chunked = codec.parse_chunked(start if isinstance(start, bytes) else None)  # None when garbled
+            deleted = bool(self.client.delete(head_key))
+            self._each_chunk(blob.digest, chunked.count if chunked else 0, lambda pipe, k: pipe.delete(k))
+            return deleted
+
+    def drop_ref(self, ref: StoredRef) -> bool:
+        """Delete a listed ref if it still names the same digest (compare-and-delete in Lua).
+
+        Raises:
+            CacheReadOnlyError: the cache is read-only.
+            CacheUnavailableError: Redis cannot be reached.
+        """
+        rkey = self._ref_key(check_name(ref.key, "artifact key"))
+        with self._talk(f"deleting ref {ref.key[:12]}", write=True):
+            if not HEX64.match(ref.digest):
+                return bool(self.client.delete(rkey))
+            return bool(self._release(keys=[rkey], args=[ref.digest]))
