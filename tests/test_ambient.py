@@ -36,6 +36,18 @@ def test_grad_mode_is_a_key_factor_and_a_shared_cache_serves_each_mode_its_own(t
     with torch.no_grad():
         again = precompile.standalone_compile(gm, inputs, cache=url)
     assert again.outcome == "hit" and again.key == inference.key and again.engine_kind == "fast"
+    # an operator sees which artifact loads slowly and why, without reading logs
+    listed = {i["key"]: i for i in json.loads(run_python("from precompile.cli import main; main()", "ls",
+                                                         "--cache", url, "--json"))}
+    assert listed[inference.key]["engine"] == "fast" and listed[inference.key]["fast_off"] is None
+    assert listed[training.key]["engine"] == "portable" and "training graph" in listed[training.key]["fast_off"]
+    shown = run_python("from precompile.cli import main; main()", "inspect", training.key, "--cache", url,
+                       env={"COLUMNS": "200"})
+    assert "portable path only" in shown and "training graph" in shown
+    trained = precompile.load(training.key, cache=url)
+    trained.engine  # noqa: B018 - build the callable: a portable load, counted
+    counters = precompile.open_cache(url).counters()
+    assert counters["loads_portable"] == 1 and counters["loads_fast"] >= 1
 
 
 @pytest.mark.parametrize("setting", ["autocast", "deterministic", "default_dtype", "matmul_precision"])
