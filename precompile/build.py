@@ -53,16 +53,17 @@ def standalone_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], 
             integration that only has fake tensors, a graph taking process-specific handles such as vLLM's
             oneDNN pointers): the build then runs nothing, and the fast path is offered only where it needs no
             run (no Triton kernel to autotune) after static checks, recorded as ``build.validated = False``.
-        size_range: ``(lower, upper)`` sizes the caller vouches the graph is valid for, on a graph with one size
-            symbol (upper None: unbounded).  It replaces the symbol's range in the key and in the guards checked
-            on every call.  vLLM's compile range is one: Dynamo's 0/1 specialization starts a dynamic size at 2,
-            and vLLM runs its graphs at 1 token all the same.
+        size_range: ``(lower, upper)`` sizes the caller vouches the graph is valid for, on every size symbol of a
+            graph with symbolic sizes (upper None: unbounded).  It replaces the symbols' ranges in the key and in
+            the guards checked on every call.  vLLM's compile range is one (every dynamic dim of its pieces is
+            ``num_tokens``): Dynamo's 0/1 specialization starts a dynamic size at 2, and vLLM runs its graphs at
+            1 token all the same.
 
     Returns:
         a callable artifact: ``art(*example_inputs)`` returns what ``gm(*example_inputs)`` returns.
 
     Raises:
-        ValueError: bad ``dynamic_shapes``, or a ``size_range`` for a graph without one size symbol;
+        ValueError: bad ``dynamic_shapes``, or a ``size_range`` for a graph without symbolic sizes;
             OptionsError: bad ``options``.
         CacheURLError: ``cache`` is not a valid cache URL (a typo never silently costs the cache).
         ConfigError: a ``PRECOMPILE_*`` environment variable holds a bad value.

@@ -138,10 +138,12 @@ def _unpacked_layout(manifest: Manifest) -> dict[str, str]:
         paths.setdefault(parts["fast"]["source"], f"wrappers/{wrapper}.fast.py")
     for i, k in enumerate(manifest.kernels):
         ext = "cpp" if k["lang"] == "cpp" else "py"
-        kname = names.plain_name(k["name"], f"kernels[{i}].name")
-        paths.setdefault(k["source"], f"kernels/{kname}.{ext}")
+        kname = names.kernel_name(k["name"], f"kernels[{i}].name")
+        paths.setdefault(k["source"], f"kernels/{names.file_name(kname, '.' + ext)}")
         for fname, d in k["binaries"].items():
-            paths.setdefault(d, f"binaries/{kname}/{names.relative_path(fname, f'kernels[{i}].binaries')}")
+            rel = names.binary_name(fname, f"kernels[{i}].binaries").split("/")
+            rel = "/".join(names.file_name(part) for part in rel)
+            paths.setdefault(d, f"binaries/{names.file_name(kname)}/{rel}")
     for d, info in manifest.blobs.items():
         paths.setdefault(d, f"blobs/{names.plain_name(d, 'blobs')}")
     return paths

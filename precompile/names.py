@@ -4,7 +4,7 @@ A manifest names kernels, wrapper modules and binary files; an unpacked director
 files; the portable path places binaries at ``kernels[].relpaths``.  Each of these becomes a path under some
 directory, so each is checked here, on load and on save, before any file is opened:
 
-- a *plain name* (a kernel, a wrapper module, a file): 1-200 characters of ``[A-Za-z0-9_.+-]``, not starting
+- a *plain name* (a kernel, a wrapper module, a file): 1-255 characters (a file name's limit) of ``[A-Za-z0-9_.+-]``, not starting
   with ``.`` (so never ``.`` or ``..``), no separator;
 - a *relative path*: 1-8 plain names joined by ``/`` (no leading ``/``, no backslash, no ``..``, no empty part);
 - a *module name* (``parts.fast.extern``, ``parts.fast.ops``): dotted Python identifiers.
@@ -22,7 +22,10 @@ from typing import Any
 
 from precompile.errors import ArtifactFormatError, UnsafePathError
 
-_PLAIN = re.compile(r"^[A-Za-z0-9_+\-][A-Za-z0-9_.+\-]{0,199}$")
+_PLAIN = re.compile(r"^[A-Za-z0-9_+\-][A-Za-z0-9_.+\-]{0,254}$")
+#: A name that becomes a file name only through :func:`file_name` (kernel and binary names: Inductor names a
+#: kernel after every op it fuses, which can pass 255 characters).
+_LONG = re.compile(r"^[A-Za-z0-9_+\-][A-Za-z0-9_.+\-]{0,1023}$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 #: Most parts a relative path may have.
@@ -34,11 +37,37 @@ def plain_name(value: object, field: str) -> str:
 
     Raises:
         UnsafePathError: it is not a string, is empty, holds a separator or another character outside
-            ``[A-Za-z0-9_.+-]``, starts with ``.`` or is longer than 200 characters.
+            ``[A-Za-z0-9_.+-]``, starts with ``.`` or is longer than 255 characters.
     """
     if not isinstance(value, str) or not _PLAIN.match(value):
-        raise UnsafePathError(f"{field}: {value!r} is not a plain file name (1-200 characters of A-Z a-z 0-9 _ . + -, "
+        raise UnsafePathError(f"{field}: {value!r} is not a plain file name (1-255 characters of A-Z a-z 0-9 _ . + -, "
                               "not starting with '.', no '/')", field, value)
+    return value
+
+
+def kernel_name(value: object, field: str) -> str:
+    """``value`` if it is a Python identifier of at most 1024 characters (what a wrapper binds a kernel to).
+
+    Raises:
+        UnsafePathError: it is not.
+    """
+    if not isinstance(value, str) or not value.isidentifier() or len(value) > 1024:
+        raise UnsafePathError(f"{field}: {value!r} is not a kernel name (a Python identifier of at most 1024 "
+                              "characters)", field, value)
+    return value
+
+
+def binary_name(value: object, field: str) -> str:
+    """``value`` if it is 1-8 names of ``[A-Za-z0-9_.+-]`` (at most 1024 characters each, not starting with
+    ``.``) joined by ``/``: a kernel binary's name, which becomes a path only through :func:`file_name`.
+
+    Raises:
+        UnsafePathError: it is not.
+    """
+    parts = value.split("/") if isinstance(value, str) else []
+    if not 1 <= len(parts) <= 8 or not all(_LONG.match(p) for p in parts):
+        raise UnsafePathError(f"{field}: {value!r} is not a binary name (1-8 names of A-Z a-z 0-9 _ . + -, "
+                              "joined by '/', none starting with '.')", field, value)
     return value
 
 
@@ -107,8 +136,8 @@ def check_manifest(doc: dict[str, Any]) -> None:
     """Check a parsed manifest's structure and every name in it that becomes a path or an import.
 
     Checks: the type of every top-level field; every blob named by a digest, with an integer size >= 0; every
-    digest in ``parts`` and ``kernels`` listed in ``blobs``; kernel and wrapper names (plain names), binary
-    file names and ``relpaths`` (relative paths), ``parts.fast.wrapper`` (a plain name naming a wrapper), and
+    digest in ``parts`` and ``kernels`` listed in ``blobs``; wrapper names (plain names), kernel names (Python
+    identifiers), binary names, ``relpaths`` (relative paths), ``parts.fast.wrapper`` (a plain name naming a wrapper), and
     the modules of ``parts.fast.extern`` and ``parts.fast.ops`` (dotted names).
 
     Raises:
@@ -153,14 +182,14 @@ def check_manifest(doc: dict[str, Any]) -> None:
     for i, k in enumerate(doc["kernels"]):
         where = f"kernels[{i}]"
         _typed(k, dict, where)
-        plain_name(k.get("name"), f"{where}.name")
+        kernel_name(k.get("name"), f"{where}.name")
         _typed(k.get("lang"), str, f"{where}.lang")
         named(k.get("source"), f"{where}.source")
         for fname, d in _typed(k.get("binaries", {}), dict, f"{where}.binaries").items():
-            relative_path(fname, f"{where}.binaries")
+            binary_name(fname, f"{where}.binaries")
             named(d, f"{where}.binaries[{fname}]")
         for fname, rel in _typed(k.get("relpaths", {}), dict, f"{where}.relpaths").items():
-            relative_path(fname, f"{where}.relpaths")
+            binary_name(fname, f"{where}.relpaths")
             relative_path(rel, f"{where}.relpaths[{fname}]")
     sig = doc.get("signature")
     if sig is not None:
@@ -189,3 +218,16 @@ def _check_fast(fast: dict[str, Any], wrappers: dict[str, Any], named: Any) -> N
     _typed(fast.get("multi_kernel") or {}, dict, "parts.fast.multi_kernel")
     for i in _typed(fast.get("mutated") or [], list, "parts.fast.mutated"):
         _typed(i, int, "parts.fast.mutated")
+
+
+def file_name(name: str, suffix: str = "") -> str:
+    """``name + suffix`` as one file name of at most 255 characters: a longer one keeps its first 200 characters
+    and gets the sha256 of the whole name instead of the rest (Inductor names kernels after every op they fuse,
+    and such a name plus ``.launch.so`` can pass the file-name limit).  ``name`` is a checked kernel or binary
+    name (:func:`kernel_name`, :func:`binary_name` part)."""
+    whole = name + suffix
+    if len(whole) <= 255:
+        return whole
+    import hashlib
+
+    return f"{name[:200]}-{hashlib.sha256(whole.encode()).hexdigest()[:16]}{suffix}"

@@ -39,7 +39,7 @@ class Plan:
         run_inputs: the inputs with every size concrete (what a build runs the compiled graph on).
         dynamic_shapes: the mode passed to Inductor.
         runnable: whether the example inputs may be run (see ``standalone_compile``).
-        size_range: ``(lower, upper)`` the caller vouches for on the graph's one size symbol, or None.
+        size_range: ``(lower, upper)`` the caller vouches for on every size symbol of the graph, or None.
     """
 
     key: str
@@ -139,7 +139,7 @@ def prepare(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, dynamic_
     """Normalize the graph and compute everything the key needs, without compiling.
 
     Raises:
-        ValueError: ``size_range`` is given for a graph without exactly one size symbol, or is not a range.
+        ValueError: ``size_range`` is given for a graph without symbolic sizes, or is not a range.
         TypeError: ``key_extra`` holds a value JSON cannot.
         ValueError: ``dynamic_shapes`` is not one of the three accepted values.
         OptionsError: ``options`` names no Inductor option or holds a value a key cannot store.
@@ -164,9 +164,9 @@ def prepare(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, dynamic_
     ranges = dict(symbols.ranges) if symbols else {}
     if size_range is not None:
         lo, hi = size_range
-        if symbols is None or len(symbols.ranges) != 1:
-            raise ValueError(f"size_range applies to a graph with exactly one size symbol; this one has "
-                             f"{len(symbols.ranges) if symbols else 0} (with dynamic_shapes={dynamic_shapes!r})")
+        if symbols is None:
+            raise ValueError(f"size_range applies to a graph with symbolic sizes; this one has none (with "
+                             f"dynamic_shapes={dynamic_shapes!r})")
         if not (isinstance(lo, int) and lo >= 0 and (hi is None or (isinstance(hi, int) and hi >= lo))):
             raise ValueError(f"size_range must be (lower, upper) with 0 <= lower <= upper, got {size_range!r}")
         ranges = {name: [lo, hi] for name in symbols.ranges}

@@ -35,7 +35,10 @@ def shapes_after_compile(plan: Plan) -> tuple[dict[str, Any], list[list[Any]]]:
     try:
         text = shapes.guards(plan.symbols, plan.fake_values)
         if plan.size_range is not None:
-            text = with_range(text, _sources(plan.specs), *plan.size_range)
+            for name in plan.symbols.ranges:
+                sources = _sources(plan.specs, name)
+                if sources:  # a symbol only inside expressions (16*s1) is bounded through the others
+                    text = with_range(text, sources, *plan.size_range)
         guards = Guards(text, [s["name"] for s in plan.specs]) if text else None
     except (ValueError, GuardSyntaxError) as err:
         raise BuildError(f"the size guards of this symbolic graph cannot be stored ({err}); compile it with "
@@ -49,12 +52,12 @@ def shapes_after_compile(plan: Plan) -> tuple[dict[str, Any], list[list[Any]]]:
     return {"symbols": symbols, "guards": text}, _other_sizes(plan, guards, symbols)
 
 
-def _sources(specs: list[dict[str, Any]]) -> list[str]:
-    """How the guards name the one size symbol: ``L['t<i>']`` for a size placeholder, ``L['t<i>'].size()[d]`` for
-    a tensor dim that is exactly the symbol."""
-    out = [f"L['t{i}']" for i, s in enumerate(specs) if isinstance(s.get("size"), str)]
+def _sources(specs: list[dict[str, Any]], name: str) -> list[str]:
+    """How the guards name size symbol ``name``: ``L['t<i>']`` for a size placeholder, ``L['t<i>'].size()[d]``
+    for a tensor dim that is exactly the symbol."""
+    out = [f"L['t{i}']" for i, s in enumerate(specs) if s.get("size") == name]
     out += [f"L['t{i}'].size()[{d}]" for i, s in enumerate(specs) if s.get("type") == "tensor"
-            for d, n in enumerate(s["shape"]) if isinstance(n, str) and n.isidentifier()]
+            for d, n in enumerate(s["shape"]) if n == name]
     return out
 
 

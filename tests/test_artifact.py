@@ -323,3 +323,25 @@ def test_cache_hit_in_fresh_process(artifacts, tmp_path):
     assert_same_output(torch.load(tmp_path / "out.pt", weights_only=False)["out"], c.expected)
     after = cache.counters()
     assert after["hits"] == before["hits"] + 1 and after["builds"] == before["builds"]
+
+
+def test_kernel_names_longer_than_a_file_name_save_and_load(artifacts, tmp_path):
+    """Inductor names a kernel after every op it fuses (a Llama's attention prologue: 209 characters, 300 are
+    possible); the unpacked directory shortens such file names, and both formats load them back."""
+    import copy
+
+    c = artifacts("dynamo")
+    manifest = copy.deepcopy(c.art.manifest)
+    long_name = "triton_poi_fused_" + "_".join(["scaled_dot_product_attention"] * 12) + "_4"
+    assert len(long_name) > 255
+    old = manifest.kernels[0]["name"]
+    manifest.kernels[0]["name"] = long_name
+    manifest.kernels[0]["binaries"] = {f.replace(old, long_name): d for f, d in manifest.kernels[0]["binaries"].items()}
+    art = precompile.Artifact(manifest, c.art.all_blobs(), source="test")
+    for fmt in ("unpacked", "binary"):
+        path = art.save(tmp_path / f"long-{fmt}", format=fmt)
+        if fmt == "unpacked":
+            assert all(len(p.name) <= 255 for p in path.rglob("*"))
+        loaded = precompile.load(path)
+        assert loaded.manifest.kernels[0]["name"] == long_name
+        assert_same_output(loaded(*c.inputs), c.expected)

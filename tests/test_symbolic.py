@@ -126,3 +126,21 @@ def test_from_example_inputs_specializes_a_size_input(dynamic_mlp):
         assert_same_output(art(*_graphs.user_inputs(art, {"x": x4}))[0], _graphs.mlp()(x4))
         with pytest.raises(precompile.InputMismatchError, match="specialized"):
             art(*[x5 if isinstance(a, torch.Tensor) else 5 for a in _graphs.user_inputs(art, {"x": x4})])
+
+
+def test_size_range_is_the_callers_contract(dynamic_mlp):
+    """``size_range`` (vLLM's compile range): the caller vouches for sizes Dynamo's 0/1 specialization left out
+    (1 here); the range is a key factor and bounds every call."""
+    model, gm, example, plain = dynamic_mlp
+    with torch.no_grad():
+        art = precompile.standalone_compile(gm, example, dynamic_shapes="from_graph", size_range=(1, 64)).bind(model)
+    assert art.key != plain.key and art.manifest.factors["symbols"] == {"s0": [1, 64]}
+    assert art.manifest.shapes["symbols"]["s0"]["range"] == [1, 64]
+    with torch.no_grad():
+        for n in (1, 64):
+            x = _graphs.example(batch=n)
+            assert_same_output(art(*_graphs.user_inputs(art, {"x": x}))[0], model(x))
+        with pytest.raises(precompile.InputMismatchError, match="<= 64"):
+            art(*_graphs.user_inputs(art, {"x": _graphs.example(batch=65)}))
+    with pytest.raises(ValueError, match="symbolic sizes"):
+        precompile.standalone_compile(*_graphs.graph("dynamo"), size_range=(1, 8))
