@@ -28,13 +28,10 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import inspect
 import json
 import logging
 import os
-import re
 import threading
-import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
@@ -50,8 +47,6 @@ from cache_backends.base import (
     HEX64,
     MISS,
     Cache,
-    StoredBlob,
-    StoredRef,
     _Miss,
     add_counts,
     check_name,
@@ -59,6 +54,7 @@ from cache_backends.base import (
     digest_bytes,
     ordered_counters,
 )
+from cache_backends.local_upkeep import EVICT_TARGET_FRACTION, SIZE_RESCAN_S, STALE_TEMP_S, LocalUpkeepMixin  # noqa: F401
 from cache_backends.options import parse_bool, parse_level, parse_positive_int, parse_seconds
 from precompile import config
 from precompile.errors import CacheError, CacheReadOnlyError, CacheUnavailableError, CacheURLError
@@ -67,8 +63,6 @@ __all__ = ["LocalCache", "manifest_blob_digests"]
 
 log = logging.getLogger("precompile.cache")
 
-_HEX62 = re.compile(r"^[0-9a-f]{62}$")
-_HEX2 = re.compile(r"^[0-9a-f]{2}$")
 
 #: errno values that mean "this directory cannot be written by us": the cache turns read-only.
 _READ_ONLY_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})
@@ -79,14 +73,8 @@ _FULL_ERRNOS = frozenset({errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)})
 DEFAULT_LEVEL = 3
 #: Default age, in seconds, below which an unreferenced blob is never evicted (a writer's ref may not be set yet).
 DEFAULT_GRACE_S = 60.0
-#: Eviction brings the blobs of live refs down to this fraction of ``max_bytes``.
-EVICT_TARGET_FRACTION = 0.9
-#: Temp files (``*.incomplete``, ``tmp/*``) older than this many seconds belong to a dead writer and are removed.
-STALE_TEMP_S = 3600.0
 #: Seconds ``incr`` waits for the stats lock before keeping the counts in memory.
 STATS_LOCK_TIMEOUT_S = 10.0
-#: Seconds between two full scans of blob/ to decide whether to evict (own writes are added in between).
-SIZE_RESCAN_S = 10.0
 _MAX_READ_THREADS = 8
 
 
@@ -141,7 +129,7 @@ _URL_OPTIONS: dict[str, Callable[[str, str], object]] = {
 }
 
 
-class LocalCache(Cache):
+class LocalCache(LocalUpkeepMixin, Cache):
     """A blob store + ref table + counters in one directory; many processes may share it.
 
     Args:
@@ -663,340 +651,6 @@ class LocalCache(Cache):
         out = super().stats()
         out.update(root=str(self.root), bytes_stored=self.size_bytes(), max_bytes=self.max_bytes)
         return out
-
-    # ------------------------------------------------------------------------------------------------ upkeep
-    def _scan_blobs(self) -> tuple[dict[str, tuple[Path, os.stat_result]], list[Path]]:
-        """``({digest: (path, stat)}, [temp files])`` for everything under ``blob/``."""
-        blobs: dict[str, tuple[Path, os.stat_result]] = {}
-        temps: list[Path] = []
-        try:
-            fans = [e for e in os.scandir(self._blob_dir) if _HEX2.match(e.name)]
-        except FileNotFoundError:
-            return blobs, temps
-        except OSError as err:
-            raise CacheUnavailableError(f"could not list blobs under {self.root}: {err}") from err
-        for fan in fans:
-            try:
-                entries = list(os.scandir(fan.path))
-            except (FileNotFoundError, NotADirectoryError):
-                continue
-            except OSError as err:
-                raise CacheUnavailableError(f"could not list blobs under {fan.path}: {err}") from err
-            for entry in entries:
-                try:
-                    if _HEX62.match(entry.name):
-                        blobs[fan.name + entry.name] = (Path(entry.path), entry.stat(follow_symlinks=False))
-                    elif entry.name.endswith(".incomplete"):
-                        temps.append(Path(entry.path))
-                except FileNotFoundError:
-                    continue
-        return blobs, temps
-
-    def size_bytes(self) -> int:
-        """Total size in bytes of the blob files (compressed, as stored; temp files excluded).
-
-        Raises:
-            CacheUnavailableError: ``blob/`` cannot be listed.
-        """
-        blobs, _ = self._scan_blobs()
-        return sum(st.st_size for _, st in blobs.values())
-
-    def _stale_temp_files(self, blob_temps: list[Path]) -> list[Path]:
-        """Temp files of dead writers: ``*.incomplete`` under blob/ and ref/, anything in tmp/, older than
-        ``STALE_TEMP_S`` seconds."""
-        candidates = list(blob_temps)
-        for d, only_incomplete in ((self._ref_dir, True), (self._tmp_dir, False)):
-            with contextlib.suppress(OSError):
-                candidates += [
-                    Path(e.path) for e in os.scandir(d) if not only_incomplete or e.name.endswith(".incomplete")
-                ]
-        now = time.time()
-        stale = []
-        for path in candidates:
-            with contextlib.suppress(OSError):
-                if now - path.stat().st_mtime > STALE_TEMP_S:
-                    stale.append(path)
-        return stale
-
-    def _maybe_evict(self) -> None:
-        now = time.monotonic()
-        if self._size_estimate is None or now - self._size_scanned_at > SIZE_RESCAN_S or (
-            self._size_estimate > self.max_bytes
-        ):
-            self._size_estimate = self.size_bytes()
-            self._size_scanned_at = now
-            if self._size_estimate > self.max_bytes:
-                self.evict()
-                self._size_estimate = self.size_bytes()
-                self._size_scanned_at = time.monotonic()
-
-    def _referenced_fn(self) -> Callable[[bytes], Iterable[str]]:
-        fn = inspect.getattr_static(self, "referenced_digests")
-        if isinstance(fn, (staticmethod, classmethod)):
-            fn = fn.__get__(None, type(self))
-        return fn
-
-    def _manifest_refs(self, manifest_digest: str, memo: dict[str, frozenset[str]]) -> frozenset[str]:
-        """Digests the manifest ``manifest_digest`` keeps alive (always including itself).
-
-        Raises:
-            CacheUnavailableError: the manifest exists but cannot be read (eviction then deletes no blob).
-        """
-        found = memo.get(manifest_digest)
-        if found is not None:
-            return found
-        data, nread, nerr = self._read_blob(manifest_digest)
-        self._count(bytes_read=nread, errors=nerr)
-        names = {manifest_digest}
-        if data is not MISS:
-            try:
-                names.update(d for d in self._referenced_fn()(data) if isinstance(d, str) and HEX64.match(d))
-            except Exception as err:
-                log.warning(
-                    "cache manifest %s does not parse (%s); eviction keeps only the manifest", manifest_digest, err
-                )
-        memo[manifest_digest] = found = frozenset(names)
-        return found
-
-    def evict(self, max_bytes: int | None = None) -> dict[str, object]:
-        """Drop least recently used refs until the blobs the remaining refs keep alive total at most
-        ``EVICT_TARGET_FRACTION * max_bytes`` bytes, then delete every blob no remaining ref keeps alive and
-        older than ``grace_s`` seconds.  The newest ref is never dropped.  Refs go first, blobs last; a ref read
-        or replaced while eviction runs is kept.  Counts ``evictions`` (refs dropped).
-
-        Runs under ``locks/evict.lock`` without waiting: if another process is evicting, returns at once with
-        ``skipped=True``.
-
-        Returns:
-            ``{"skipped", "refs_dropped", "blobs_deleted", "bytes_freed", "bytes_stored"}`` (bytes compressed).
-
-        Raises:
-            CacheReadOnlyError: the cache is read-only.
-            CacheUnavailableError: the directory cannot be listed or a manifest cannot be read.
-        """
-        self._check_writable()
-        cap = self.max_bytes if max_bytes is None else int(max_bytes)
-        lock = filelock.FileLock(str(self._lock_dir / "evict.lock"), timeout=0)
-        try:
-            self._lock_dir.mkdir(parents=True, exist_ok=True)
-            lock.acquire()
-        except filelock.Timeout:
-            log.debug("another process is evicting from %s; skipped", self.root)
-            return {"skipped": True, "refs_dropped": 0, "blobs_deleted": 0, "bytes_freed": 0, "bytes_stored": None}
-        except OSError as err:
-            raise self._write_error(err, "the eviction lock") from err
-        try:
-            return self._evict_locked(cap)
-        finally:
-            lock.release()
-
-    def _evict_locked(self, cap: int) -> dict[str, object]:
-        blobs, temps = self._scan_blobs()
-        size = {d: st.st_size for d, (_, st) in blobs.items()}
-        memo: dict[str, frozenset[str]] = {}
-        # ---- plan: which refs to drop (oldest first) so that the live set fits the target
-        refs = sorted(self._scan_refs(), key=lambda r: (r[2].st_mtime_ns, r[0]))
-        keeps = {key: self._manifest_refs(digest, memo) for key, digest, _ in refs}
-        count: Counter[str] = Counter(d for names in keeps.values() for d in names if d in size)
-        live = sum(size[d] for d in count)
-        target = int(cap * EVICT_TARGET_FRACTION)
-        drop: list[tuple[str, os.stat_result]] = []
-        for key, _, st in refs[:-1]:
-            if live <= target:
-                break
-            drop.append((key, st))
-            for d in keeps[key]:
-                if d in count:
-                    count[d] -= 1
-                    if count[d] == 0:
-                        del count[d]
-                        live -= size[d]
-        if live > target and refs:
-            log.warning(
-                "cache %s: the newest artifact alone keeps %d bytes, above %d (max_bytes %d)",
-                self.root, live, target, cap,
-            )
-        # ---- execute: refs first (unless read or replaced since the plan)
-        dropped = 0
-        for key, st in drop:
-            planned = (st.st_ino, st.st_mtime_ns)
-            if self._remove_unless(self._ref_path(key), lambda s, p=planned: (s.st_ino, s.st_mtime_ns) != p):
-                dropped += 1
-        # ---- then blobs that no ref on disk *now* keeps alive, older than the grace period
-        alive: set[str] = set()
-        for _, digest, _ in self._scan_refs():
-            alive |= self._manifest_refs(digest, memo)
-        deleted = freed = 0
-        for digest, (path, st) in blobs.items():
-            if digest in alive or time.time() - st.st_mtime < self.grace_s:
-                continue
-            if self._remove_unless(path, lambda s: time.time() - s.st_mtime < self.grace_s):
-                deleted += 1
-                freed += st.st_size
-        for tmp in self._stale_temp_files(temps):
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-        self._count(evictions=dropped)
-        stored = sum(size.values()) - freed
-        if dropped or deleted:
-            log.info(
-                "cache %s: evicted %d artifacts, deleted %d blobs (%d bytes); %d bytes stored, cap %d",
-                self.root, dropped, deleted, freed, stored, cap,
-            )
-        return {"skipped": False, "refs_dropped": dropped, "blobs_deleted": deleted, "bytes_freed": freed,
-                "bytes_stored": stored}
-
-    def verify(self, fix: bool = False) -> dict[str, object]:
-        """fsck: re-hash every blob and check that every ref's manifest exists.
-
-        With ``fix=True`` bad blobs, refs whose manifest is missing or bad, and temp files older than
-        ``STALE_TEMP_S`` seconds are removed.  Blobs that are merely unreferenced are left to eviction.
-
-        Returns:
-            ``{"ok", "blobs_checked", "bytes_checked", "bad_blobs", "dangling_refs", "stale_temp_files",
-            "removed"}``: ``bad_blobs`` and ``dangling_refs`` are lists of digests / keys; ``bytes_checked`` is
-            uncompressed bytes.
-
-        Raises:
-            CacheReadOnlyError: ``fix=True`` on a read-only cache.
-            CacheUnavailableError: the directory cannot be listed or a file cannot be read.
-        """
-        if fix:
-            self._check_writable()
-        blobs, temps = self._scan_blobs()
-        bad: list[str] = []
-        checked = nbytes = 0
-        for digest, (path, st) in sorted(blobs.items()):
-            try:
-                raw = path.read_bytes()
-            except FileNotFoundError:
-                continue
-            except OSError as err:
-                raise CacheUnavailableError(f"could not read blob {digest} under {self.root}: {err}") from err
-            checked += 1
-            try:
-                data = decompress_frame(raw)
-                ok = digest_bytes(data) == digest
-                nbytes += len(data)
-            except ValueError:
-                ok = False
-            if not ok:
-                bad.append(digest)
-        bad_set = set(bad)
-        dangling: dict[str, os.stat_result] = {}
-        for key, digest, st in self._scan_refs():
-            # a manifest written after the blob scan (a concurrent writer) is not missing: look again
-            if digest in bad_set or (digest not in blobs and not self._blob_path(digest).is_file()):
-                dangling[key] = st
-        stale = [str(p) for p in self._stale_temp_files(temps)]
-        removed = 0
-        if fix:
-            for digest in bad:
-                path, st = blobs[digest]
-                ident = (st.st_dev, st.st_ino)
-                with contextlib.suppress(OSError):
-                    removed += self._remove_unless(path, lambda s, i=ident: (s.st_dev, s.st_ino) != i)
-            for key, st in dangling.items():
-                planned = (st.st_ino, st.st_mtime_ns)
-                replaced = lambda s, p=planned: (s.st_ino, s.st_mtime_ns) != p  # noqa: E731
-                with contextlib.suppress(OSError):  # a ref replaced since the scan stays
-                    removed += self._remove_unless(self._ref_path(key), replaced)
-            for tmp in stale:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
-                    removed += 1
-        if bad or dangling:
-            log.warning(
-                "cache %s: %d bad blobs, %d refs without a manifest%s",
-                self.root, len(bad), len(dangling), " (removed)" if fix else "",
-            )
-        return {"ok": not bad and not dangling, "blobs_checked": checked, "bytes_checked": nbytes,
-                "bad_blobs": bad, "dangling_refs": sorted(dangling), "stale_temp_files": stale, "removed": removed}
-
-    # ------------------------------------------------------------------------- upkeep (precompile verify, gc)
-    supports_upkeep = True
-
-    def list_blobs(self) -> list[StoredBlob]:
-        """Every blob file: digest, compressed bytes on disk, mtime (last written or re-put).
-
-        Raises:
-            CacheUnavailableError: ``blob/`` cannot be listed.
-        """
-        blobs, _ = self._scan_blobs()
-        return [StoredBlob(d, st.st_size, st.st_mtime) for d, (_, st) in sorted(blobs.items())]
-
-    def list_refs(self) -> list[StoredRef]:
-        """Every ref file named by a key, garbled ones included; ``last_used`` is its mtime (the LRU clock).
-
-        Raises:
-            CacheUnavailableError: ``ref/`` cannot be listed.
-        """
-        try:
-            entries = sorted(e.path for e in os.scandir(self._ref_dir) if HEX64.match(e.name))
-        except FileNotFoundError:
-            return []
-        except OSError as err:
-            raise CacheUnavailableError(f"could not list refs under {self.root}: {err}") from err
-        out = []
-        for path in entries:
-            try:
-                with open(path, "rb") as f:
-                    st = os.fstat(f.fileno())
-                    text = f.read(256).decode("ascii", "replace").strip()
-            except FileNotFoundError:
-                continue
-            except OSError as err:
-                raise CacheUnavailableError(f"could not read ref {path}: {err}") from err
-            out.append(StoredRef(os.path.basename(path), text, st.st_mtime))
-        return out
-
-    def check_blob(self, digest: str) -> tuple[int | None, str | None]:
-        """Re-hash blob ``digest`` without dropping it: ``(uncompressed bytes, None)`` or ``(None, why)``.
-
-        Raises:
-            ValueError: ``digest`` is not 64 lowercase hex characters.
-            CacheUnavailableError: the file exists but cannot be read.
-        """
-        try:
-            raw = self._blob_path(check_name(digest)).read_bytes()
-        except FileNotFoundError:
-            return None, "missing"
-        except OSError as err:
-            raise CacheUnavailableError(f"could not read blob {digest} under {self.root}: {err}") from err
-        try:
-            data = decompress_frame(raw)
-        except ValueError as err:
-            return None, f"does not decompress ({err})"
-        if digest_bytes(data) != digest:
-            return None, "content does not hash to its name"
-        return len(data), None
-
-    def drop_blob(self, blob: StoredBlob) -> bool:
-        """Delete a listed blob unless its mtime changed since (``put_blob`` refreshed it: a writer uses it).
-
-        Raises:
-            CacheReadOnlyError: the cache is read-only.
-            CacheUnavailableError: the file could not be moved away.
-        """
-        self._check_writable()
-        try:
-            return self._remove_unless(self._blob_path(blob.digest), lambda s: s.st_mtime != blob.last_used)
-        except OSError as err:
-            raise self._write_error(err, f"blob {blob.digest}") from err
-
-    def drop_ref(self, ref: StoredRef) -> bool:
-        """Delete a listed ref unless it was read (a hit refreshes its mtime) or replaced since.
-
-        Raises:
-            CacheReadOnlyError: the cache is read-only.
-            CacheUnavailableError: the file could not be moved away.
-        """
-        self._check_writable()
-        try:
-            return self._remove_unless(self._ref_path(check_name(ref.key, "artifact key")),
-                                       lambda s: s.st_mtime != ref.last_used)
-        except OSError as err:
-            raise self._write_error(err, f"ref {ref.key}") from err
 
     def close(self) -> None:
         """Try once more to persist counters kept in memory; nothing else to release.  Never raises."""

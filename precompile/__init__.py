@@ -19,7 +19,7 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "standalone_compile": "precompile.build",
-    "load": "precompile.artifact",
+    "load": "precompile.loading",
     "Artifact": "precompile.artifact",
     "Manifest": "precompile.manifest",
     "open_cache": "cache_backends.registry",
@@ -52,7 +52,8 @@ __all__ = sorted(_LAZY)
 
 if TYPE_CHECKING:  # pragma: no cover
     from cache_backends.registry import open_cache
-    from precompile.artifact import Artifact, load
+    from precompile.artifact import Artifact
+    from precompile.loading import load
     from precompile.build import standalone_compile
     from precompile.capture import backend
     from precompile.errors import *  # noqa: F403

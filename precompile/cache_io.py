@@ -79,7 +79,8 @@ def load_from_cache(key: str, cache: str | Cache | None, *, bound: dict[int, tor
         safe_incr(c, errors=1)
         metrics.note_miss("cache_error")
         return None
-    from precompile.artifact import Artifact, check_environment
+    from precompile.artifact import Artifact
+    from precompile.loading import check_environment
 
     if check_env:
         check_environment(manifest)

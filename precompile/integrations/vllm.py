@@ -183,7 +183,7 @@ class PrecompileAdaptor(_interface_base()):  # type: ignore[misc]
         if not (isinstance(handle, (tuple, list)) and len(handle) == 2 and all(isinstance(h, str) for h in handle)
                 and re.fullmatch(r"[0-9a-f]{64}", handle[0])):
             raise ValueError(f"not a precompile handle: {handle!r} (expected (64-hex key, label))")
-        from precompile.artifact import load
+        from precompile.loading import load
 
         t0 = time.perf_counter()
         self._open()
