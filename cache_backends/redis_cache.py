@@ -579,7 +579,11 @@ class RedisCache(LeasesMixin, UpkeepMixin, Cache):
             return False
 
     def close(self) -> None:
-        """Close the connection pool (and a cluster client's node connections)."""
+        """Send this cache's queued counts (one try), stop its counter sender from using it, and close the
+        connection pool (and a cluster client's node connections).  Never raises."""
+        if self._sink.send == self._send_counts:
+            self._sink.flush()
+            self._sink.send = None  # counts added later stay queued in this process (shown by counters())
         try:
             self.client.close()
         except (rex.RedisError, *_DOWN_ERRORS):

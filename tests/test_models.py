@@ -5,6 +5,7 @@ Eager and Dynamo tracing only (no Inductor compile), so the whole file runs in w
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import socket
@@ -37,13 +38,21 @@ def repo_on_path(monkeypatch):
     monkeypatch.syspath_prepend(str(REPO_ROOT))
 
 
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: only localhost is local
+        return host == "localhost"
+
+
 @pytest.fixture
 def no_network(monkeypatch):
     """Fail any attempt to open a network connection; yields the list of attempts."""
     attempts: list[object] = []
 
     def refuse(self, address, *args, **kwargs):
-        if isinstance(address, tuple):  # AF_INET / AF_INET6; unix sockets are local
+        # AF_INET / AF_INET6 to anywhere but loopback (a test's own redis-server); unix sockets are local
+        if isinstance(address, tuple) and not _is_loopback(address[0]):
             attempts.append(address)
             raise OSError(f"network access attempted in an offline test: {address!r}")
         return real_connect(self, address, *args, **kwargs)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import random
+import socket
 import time
 
 import pytest
@@ -14,6 +15,7 @@ from hypothesis import strategies as st
 
 from cache_backends import MISS, digest_bytes, open_cache
 from cache_backends.redis_cache import RedisCache
+from cache_backends.redis_health import FLUSH_INTERVAL_S
 from precompile.errors import CacheReadOnlyError, CacheUnavailableError, CacheURLError
 
 KEY = "ab" * 32
@@ -208,6 +210,29 @@ def test_unreachable_and_stalled_servers_fail_fast(redis_server):
         assert cache.counters()["hits"] == 1
     finally:
         redis_server.resume()
+
+
+def test_close_sends_queued_counts_and_then_leaves_the_server_alone(redis_server, monkeypatch):
+    cache = open_cache(redis_server.url())
+    cache.incr(hits=3)
+    cache.close()  # sends what is queued: another worker sees it
+    other = open_cache(redis_server.url())
+    assert other.counters()["hits"] == 3
+    other.close()
+    port = redis_server.port
+    redis_server.stop()
+    attempts = []
+    real_connect = socket.socket.connect
+
+    def watch(sock, address, *args, **kwargs):
+        if isinstance(address, tuple) and address[1] == port:
+            attempts.append(address)
+        return real_connect(sock, address, *args, **kwargs)
+
+    monkeypatch.setattr(socket.socket, "connect", watch)
+    cache.incr(misses=1)  # after close: kept in this process, never sent to the gone server
+    time.sleep(10 * FLUSH_INTERVAL_S)
+    assert attempts == [] and cache.counters()["misses"] == 1
 
 
 def test_leases_compare_and_delete_and_expiry(redis_server):
