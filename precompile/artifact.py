@@ -42,6 +42,8 @@ class Artifact:
         engine_kind: how the callable was made: ``"compiled"`` (fresh), ``"fast"`` (carried binaries, nothing
             compiled), ``"portable"`` (Inductor's cache entries), or None before the first use.
         cache: the cache it was read from (fast and portable loads are counted there), or None.
+        primer: the library set-up a fast load ran alongside itself (:class:`precompile.inductor.prime.Primer`:
+            what it set up and its ``seconds``), or None when there was nothing to prime.
 
     Raises (on construction):
         ArtifactFormatError: a placeholder spec or the size guards in the manifest are malformed.
@@ -72,6 +74,7 @@ class Artifact:
         self._out_spec = _load_spec(calling.get("out_spec"))
         self._outputs = calling.get("outputs")
         self.engine_kind: str | None = "compiled" if engine is not None else None
+        self.primer: Any = None
 
     # -------------------------------------------------------------------------------------------- calling
     @property

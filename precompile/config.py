@@ -11,6 +11,7 @@ temporary directory by setting the environment before the call.
 | ``PRECOMPILE_LOG`` | log level of the ``precompile`` logger (``INFO``, ``DEBUG``...) | unset: inherit |
 | ``PRECOMPILE_ENGINE`` | ``auto`` (fast path where the artifact offers one) or ``portable`` (always rebuild through Inductor's cache entries) | ``auto`` |
 | ``PRECOMPILE_VLLM_PLATFORM`` | ``0`` keeps precompile's vLLM platform plugin inactive (see ``precompile.integrations.vllm_platform``) | ``1`` |
+| ``PRECOMPILE_PRIME`` | whether a fast load replays the graph's library calls (cuBLAS, cuDNN, attention) in a background thread that the first call waits for (see ``precompile.inductor.prime``): ``off``, ``on`` (GPU graphs) or ``all`` (CPU graphs too); it pays where a worker does other work between the load and its first request | ``off`` |
 | ``PRECOMPILE_EXPLAIN`` | ``1``: on a miss, ``standalone_compile`` logs the closest stored artifact and the factors that differ (reads every stored manifest: for debugging) | ``0`` |
 
 A variable that holds a value precompile does not accept is a :class:`~precompile.errors.ConfigError` naming the
@@ -127,3 +128,18 @@ def verify_keys_text() -> str:
     """``PRECOMPILE_VERIFY_KEYS`` as given (comma-separated keys or key files; empty when unset); parsed by
     :func:`precompile.trust.parse_verify_keys`."""
     return os.environ.get("PRECOMPILE_VERIFY_KEYS", "").strip()
+
+
+def prime_mode() -> str:
+    """``"off"`` (the default: measured not to pay when the first call follows the load at once, see
+    docs/benchmarks.md), ``"on"`` (GPU graphs are primed) or ``"all"`` (CPU graphs too), from
+    ``PRECOMPILE_PRIME`` (see :mod:`precompile.inductor.prime`).
+
+    Raises:
+        ConfigError: the variable holds another value.
+    """
+    raw = (os.environ.get("PRECOMPILE_PRIME") or "off").strip().lower()
+    mode = {"1": "on", "true": "on", "yes": "on", "0": "off", "false": "off", "no": "off"}.get(raw, raw)
+    if mode not in ("off", "on", "all"):
+        raise ConfigError(f"PRECOMPILE_PRIME must be off, on or all, got {raw!r}")
+    return mode

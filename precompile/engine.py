@@ -26,6 +26,7 @@ def build_engine(art: Artifact) -> Callable[..., Any]:
     ``"portable"`` and counts the load in ``art.cache``.
 
     Raises:
+        ConfigError: ``PRECOMPILE_ENGINE`` or ``PRECOMPILE_PRIME`` holds a value precompile does not accept.
         ArtifactNotFoundError: a part the load needs cannot be read.
         ValueError / ImportError / OSError: the portable path failed too (the artifact cannot run here).
     """
@@ -33,8 +34,9 @@ def build_engine(art: Artifact) -> Callable[..., Any]:
 
     fast = art.manifest.parts.get("fast")
     if fast and config.engine_mode() == "auto":
+        prime_mode = config.prime_mode()  # a bad setting is the user's error, never a silent fallback
         try:
-            engine = _load_fast(art, fast)
+            engine = _load_fast(art, fast, prime_mode)
             art.engine_kind = "fast"
             if art.cache is not None:
                 safe_incr(art.cache, loads_fast=1)
@@ -60,12 +62,16 @@ def build_engine(art: Artifact) -> Callable[..., Any]:
     return engine
 
 
-def _load_fast(art: Artifact, fast: dict[str, Any]) -> Callable[..., Any]:
+def _load_fast(art: Artifact, fast: dict[str, Any], prime_mode: str) -> Callable[..., Any]:
+    from precompile.inductor import prime
     from precompile.inductor.runtime import load_fast
 
+    # the library calls the first call would set up, replayed while the rest of the load runs
+    primer = art.primer = None if prime_mode == "off" else prime.start(fast.get("prime"), prime_mode == "all")
+    source = art.blob(fast["source"]).decode()
     kernels = {k["source"]: art.blob(next(d for f, d in sorted(k["binaries"].items()) if f.endswith(".so")))
                for k in art.manifest.kernels}
-    return load_fast(art.blob(fast["source"]).decode(), kernels, extern=fast.get("extern"), ops=fast.get("ops"),
+    return load_fast(source, kernels, extern=fast.get("extern"), ops=fast.get("ops"),
                      multi_kernel=fast.get("multi_kernel"), inputs_to_check=sorted(art._aligned_assumed),
                      mutated=fast.get("mutated") or [], defers_alignment=bool(fast.get("defers_alignment")),
-                     rewritten=True)
+                     rewritten=True, primer=primer)

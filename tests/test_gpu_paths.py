@@ -20,7 +20,7 @@ from conftest import assert_same_output, run_python
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (Triton kernels)")
 
 LOAD_AND_CALL = r"""
-import json, sys
+import json, os, sys
 import torch
 sets = torch.load(sys.argv[2], weights_only=False)
 if sys.argv[4:] == ["warm-custom-ops"]:  # a Python custom op's first call imports Dynamo (and with it Triton)
@@ -28,6 +28,7 @@ if sys.argv[4:] == ["warm-custom-ops"]:  # a Python custom op's first call impor
     one = torch.ones(1, device="cuda")
     _custom_ops.scale_add(one, one, 1.0), _custom_ops.bump_(one.clone(), one)
 before = set(sys.modules)
+os.environ["PRECOMPILE_PRIME"] = "on"  # the graph's library calls replayed beside the load
 import precompile
 art = precompile.load(sys.argv[1])
 compile_time = ("torch._inductor", "torch._dynamo", "triton", "sympy")
@@ -43,7 +44,8 @@ torch.save(results, sys.argv[3])
 # modules that compile or load compiled code
 compilers = ("torch._inductor.codecache", "torch._inductor.compile_fx", "triton", "torch._inductor.runtime.triton_heuristics")
 after = sorted(m for m in set(sys.modules) - before if m in compilers)
-print(json.dumps({"engine": art.engine_kind, "new_modules": at_load, "after_calls": after}))
+primed = art.primer and {"done": art.primer.done, "failed": art.primer.failed}
+print(json.dumps({"engine": art.engine_kind, "new_modules": at_load, "after_calls": after, "primed": primed}))
 """
 
 
@@ -84,6 +86,9 @@ def test_symbolic_batch_runs_fast_with_grids_per_call(tmp_path):
     sets = [_at_size(art, example, _graphs.example(batch=n, d=256, dtype=torch.bfloat16, seed=n).cuda(), n)
             for n in (64, 2, 13, 100, 1000)]
     report = _roundtrip(art, sets, tmp_path)
+    # the graph's matmuls (extern mm calls, recorded at build) were replayed beside the load, none failed
+    primed = report.pop("primed")
+    assert primed["done"] >= 1 and primed["failed"] == 0, primed
     assert report == {"engine": "fast", "new_modules": [], "after_calls": []}
 
 
@@ -97,6 +102,7 @@ def test_decode_step_writes_caller_buffers_on_the_gpu(tmp_path):
     caches = {i for i, s in enumerate(art.placeholders) if s["name"] in ("l_k_cache_", "l_v_cache_")}
     misaligned = [_graphs.misaligned_like(v) if i in caches else v for i, v in enumerate(example)]
     report = _roundtrip(art, [example, misaligned], tmp_path, "warm-custom-ops")
+    assert not (report.pop("primed") or {}).get("failed")
     assert report == {"engine": "fast", "new_modules": [], "after_calls": []}
 
 
@@ -113,6 +119,7 @@ def test_multi_kernel_pick_is_made_at_build_and_loaded(tmp_path):
     assert picks, "Inductor generated no multi-kernel for this graph"
     assert art.manifest.parts["fast"] is not None and art.manifest.parts["fast"]["multi_kernel"] == picks
     report = _roundtrip(art, [example, [torch.randn_like(x)]], tmp_path)
+    assert not (report.pop("primed") or {}).get("failed")
     assert report == {"engine": "fast", "new_modules": [], "after_calls": []}
     shown = run_python("from precompile.cli import main; main()", "inspect", str(tmp_path / "a.pc"),
                        env={"COLUMNS": "200"})
@@ -128,4 +135,5 @@ def test_user_triton_kernel_through_triton_op(tmp_path):
         art = precompile.standalone_compile(gm, example)
     assert art.manifest.parts["fast"] is not None, art.manifest.build["fast_off"]
     report = _roundtrip(art, [example], tmp_path)
+    assert not (report.pop("primed") or {}).get("failed")
     assert report == {"engine": "fast", "new_modules": [], "after_calls": []}

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from precompile.inductor import runs, runtime, shim
+from precompile.inductor import prime, runs, runtime, shim
 from precompile.inductor.cuda_runtime import LAUNCH_SO
 from precompile.inductor.products import BuildResult, Kernel
 
@@ -59,7 +59,8 @@ def fast_plan(result: BuildResult, run_inputs: list[Any] | None, more_inputs: li
         ``(plan, None)`` or ``(None, why the fast path is off)``.  ``plan`` is what a fast load needs besides
         the kernel binaries: ``{"wrapper": name, "source": the wrapper with its imports replaced, "extern":
         {name: "module:qualname"}, "ops": [{"op", "module"}], "multi_kernel": {name: pick}, "mutated": [...],
-        "defers_alignment": bool}``.  The fast callable is built from the in-memory products, and on every
+        "defers_alignment": bool, "prime": the library calls to replay at load (precompile.inductor.prime)}``.
+        The fast callable is built from the in-memory products, and on every
         input set its outputs, and the inputs it writes to, must equal the freshly compiled callable's bit for
         bit; any difference or failure means no plan.
     """
@@ -96,6 +97,10 @@ def fast_plan(result: BuildResult, run_inputs: list[Any] | None, more_inputs: li
                 return None, f"{differs} {where}"
     except Exception as err:  # noqa: BLE001 - any failure only turns the fast path off
         return None, f"validation failed: {type(err).__name__}: {err}"
+    try:  # the library calls a load replays before the first call (precompile.inductor.prime)
+        plan["prime"] = prime.record(fast, runs.inputs_for_run(run_inputs, result.mutated_inputs))
+    except Exception as err:  # noqa: BLE001 - without them, the first call sets the libraries up
+        log.info("library calls not recorded for priming: %s: %s", type(err).__name__, err)
     return plan, None
 
 

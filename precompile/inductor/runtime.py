@@ -207,7 +207,7 @@ def clone_preserve_strides(t: torch.Tensor) -> torch.Tensor:
 def load_fast(source: str, kernels: dict[str, bytes], *, extern: dict[str, str] | None = None,
               ops: list[dict[str, Any]] | None = None, multi_kernel: dict[str, int] | None = None,
               inputs_to_check: list[int] = (), mutated: list[int] = (), defers_alignment: bool = False,
-              rewritten: bool = False) -> Any:
+              rewritten: bool = False, primer: Any = None) -> Any:
     """Build a callable from a wrapper module's source and carried kernel binaries, compiling nothing.
 
     Args:
@@ -222,6 +222,7 @@ def load_fast(source: str, kernels: dict[str, bytes], *, extern: dict[str, str] 
             copies it itself), and the graph's writes to a copy are copied back.
         mutated: inputs the graph writes to.
         defers_alignment: the wrapper copies its own misaligned read-only inputs (torch 2.13).
+        primer: a :class:`precompile.inductor.prime.Primer` setting libraries up; the first call waits for it.
 
     Returns:
         ``fn(*flat_inputs) -> tuple of outputs``, run without autograd (an inference graph).
@@ -242,12 +243,16 @@ def load_fast(source: str, kernels: dict[str, bytes], *, extern: dict[str, str] 
     written = set(mutated)
     check = [i for i in inputs_to_check if not defers_alignment or i in written]
     no_grad = torch.no_grad
+    pending = [primer] if primer is not None else []
 
-    if not check:
-        def run(*args: Any) -> Any:
-            with no_grad():
-                return call(list(args))
-        return run
+    def first_call(*args: Any) -> Any:
+        if pending:
+            pending.pop().wait()
+        return (run_aligned if check else run)(*args)
+
+    def run(*args: Any) -> Any:
+        with no_grad():
+            return call(list(args))
 
     def run_aligned(*args: Any) -> Any:
         flat = list(args)
@@ -264,4 +269,6 @@ def load_fast(source: str, kernels: dict[str, bytes], *, extern: dict[str, str] 
                 original.copy_(copy)
         return out
 
-    return run_aligned
+    if pending:
+        return first_call  # waits for the primer once, then calls the plain function
+    return run_aligned if check else run

@@ -1,0 +1,235 @@
+"""The library calls of a graph, recorded at build and replayed beside a load, so that a first call costs little
+more than any other.
+
+A fast load carries every Triton cubin and C++ kernel and loads them itself, so what is left for a first call is
+what the libraries the wrapper calls through torch do on their first use: cuBLAS / cuBLASLt create handles and
+load, lazily, the kernel each matmul shape picks; the fused attention kernels behind
+``aten._scaled_dot_product_*_attention`` are loaded; cuDNN sets up.  On an H100 that is most of a first call:
+0.19 s of a Llama's 0.30 s in its 58 ``mm`` calls, 0.11 s in its 8 attention calls (docs/benchmarks.md, time to
+first output).  A tiny matmul does not help: each shape loads its own kernel.
+
+So the build records each distinct call of :data:`LIBRARY_OPS` the fast callable makes on the example inputs
+(:func:`record`: op, overload, and each argument's shape, stride and dtype, or its value), and a load replays
+them on zero-filled tensors in a daemon thread (:func:`start`) while it reads blobs, loads binaries and builds
+launchers.  The loaded callable waits for the thread before its first call (:meth:`Primer.wait`).  torch keeps
+cuBLAS and cuDNN handles in per-device pools that a thread returns its handles to when it ends, so the handles
+the thread created are the ones the first call takes, and the blocks it allocated stay in the caching allocator
+for the first call.  Replaying changes no output: the ops are pure functions of fresh tensors, and a call that
+would draw random numbers (``dropout_p`` not 0) is never recorded or replayed.
+
+Recorded calls come from a manifest, so they are checked before anything runs (:func:`check_calls`): only
+:data:`LIBRARY_OPS` of ``aten``, known dtypes, at most :data:`MAX_CALLS` calls, :data:`MAX_DIMS` dimensions and
+:data:`MAX_CALL_BYTES` of tensors per call.  A call that fails is logged at DEBUG and left to the first call:
+priming never fails a load.
+
+Whether it pays depends on what the worker does between the load and its first request.  On an H100 the
+replayed calls took the wrapper's own first call from 0.32 s to 0.08 s, but when the first call follows the load
+at once, load + first call did not drop (0.47 s against 0.45 s for the Llama of docs/benchmarks.md): the lazily
+loaded cuBLAS and attention kernels are module loads that the CUDA driver serializes with the load's own cubin
+loads, so the thread cannot overlap them.  It pays where the worker binds weights, allocates a KV cache or warms
+other models after the load.  So it is off unless ``PRECOMPILE_PRIME`` asks for it
+(:func:`precompile.config.prime_mode`: ``on`` for GPU graphs, ``all`` for CPU graphs too).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+log = logging.getLogger("precompile")
+
+#: aten ops whose first call sets a library up or loads its kernels: the ones recorded and replayed.
+LIBRARY_OPS = frozenset({
+    "mm", "addmm", "bmm", "baddbmm", "_int_mm", "_scaled_mm", "convolution", "_convolution", "cudnn_convolution",
+    "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_cudnn_attention", "_flash_attention_forward", "_efficient_attention_forward",
+})
+#: Bounds on what a manifest may ask a load to replay.
+MAX_CALLS, MAX_DIMS, MAX_CALL_BYTES = 256, 8, 256 * 1024**2
+_DTYPES = {name: getattr(torch, name) for name in (
+    "float32", "float16", "bfloat16", "float64", "int8", "uint8", "int32", "int64", "bool",
+    "float8_e4m3fn", "float8_e5m2") if hasattr(torch, name)}
+_NUMBER = (bool, int, float)
+
+
+def _encode(value: Any) -> Any:
+    """A JSON-able stand-in for one argument; raises ValueError for what cannot be replayed."""
+    if isinstance(value, torch.Tensor):
+        name = str(value.dtype).removeprefix("torch.")
+        if name not in _DTYPES or value.dim() > MAX_DIMS:
+            raise ValueError(f"tensor of {value.dtype} with {value.dim()} dims")
+        return {"t": list(value.shape), "s": list(value.stride()), "d": name}
+    if value is None or isinstance(value, (*_NUMBER, str)):
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError("a non-finite number")
+        return value
+    if isinstance(value, (list, tuple)) and all(isinstance(v, _NUMBER) for v in value):
+        return {"l": list(value)}
+    if isinstance(value, torch.dtype) and str(value).removeprefix("torch.") in _DTYPES:
+        return {"dtype": str(value).removeprefix("torch.")}
+    raise ValueError(f"an argument of type {type(value).__name__}")
+
+
+def _draws_random(schema: Any, args: list[Any], kwargs: dict[str, Any]) -> bool:
+    for i, arg in enumerate(schema.arguments):
+        if arg.name == "dropout_p":
+            value = args[i] if i < len(args) else kwargs.get("dropout_p", 0.0)
+            return bool(value)
+    return False
+
+
+class _Recorder(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[dict[str, Any]] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        ns, _, rest = func.name().partition("::")
+        op, _, overload = rest.partition(".")
+        if ns == "aten" and op in LIBRARY_OPS and len(self.calls) < MAX_CALLS:
+            tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+            try:
+                if _draws_random(func._schema, list(args), kwargs):
+                    raise ValueError("it draws random numbers")
+                call = {"op": op, "overload": overload or "default", "device": tensors[0].device.type,
+                        "args": [_encode(a) for a in args], "kwargs": {k: _encode(v) for k, v in kwargs.items()}}
+            except (ValueError, IndexError) as err:
+                log.debug("library call %s not recorded for priming: %s", func.name(), err)
+            else:
+                if call not in self.calls:
+                    self.calls.append(call)
+        return out
+
+
+def record(fn: Any, inputs: list[Any]) -> list[dict[str, Any]]:
+    """Call ``fn(*inputs)`` once (under ``no_grad``) and return its distinct :data:`LIBRARY_OPS` calls, each
+    ``{"op", "overload", "device": "cuda"|"cpu", "args": [...], "kwargs": {...}}`` with tensors as
+    ``{"t": shape, "s": stride, "d": dtype}``.  ``inputs`` may be written to (pass copies)."""
+    recorder = _Recorder()
+    with torch.no_grad(), recorder:
+        fn(*inputs)
+    return recorder.calls
+
+
+def _decode(value: Any, device: torch.device) -> tuple[Any, int]:
+    """``(argument, bytes of tensors)`` for one encoded argument; ValueError if it breaks a bound."""
+    if isinstance(value, dict) and "t" in value:
+        shape, stride, dtype = value["t"], value["s"], _DTYPES.get(value["d"])
+        if (dtype is None or not isinstance(shape, list) or not isinstance(stride, list) or len(shape) != len(stride)
+                or len(shape) > MAX_DIMS or not all(type(n) is int and 0 <= n < 2**40 for n in shape + stride)):
+            raise ValueError(f"tensor spec {str(value)[:80]}")
+        span = 0 if 0 in shape else 1 + sum((n - 1) * s for n, s in zip(shape, stride))
+        nbytes = span * dtype.itemsize
+        if nbytes > MAX_CALL_BYTES:
+            raise ValueError(f"a tensor of {nbytes} bytes")
+        return ("tensor", shape, stride, dtype, device), nbytes
+    if isinstance(value, dict) and "l" in value and all(type(v) in _NUMBER for v in value["l"]):
+        return list(value["l"]), 0
+    if isinstance(value, dict) and value.get("dtype") in _DTYPES:
+        return _DTYPES[value["dtype"]], 0
+    if value is None or type(value) in (*_NUMBER, str):
+        return value, 0
+    raise ValueError(f"argument {str(value)[:80]}")
+
+
+def check_calls(calls: Any, device_index: int | None = None) -> list[tuple[Any, list[Any], dict[str, Any]]]:
+    """The replayable ``(op overload, args, kwargs)`` of a manifest's recorded calls (tensors still as specs);
+    a call that breaks a bound or names another op is left out (logged at DEBUG).
+
+    Raises:
+        nothing.
+    """
+    out: list[tuple[Any, list[Any], dict[str, Any]]] = []
+    if not isinstance(calls, list):
+        return out
+    for call in calls[:MAX_CALLS]:
+        try:
+            op, overload = call["op"], call["overload"]
+            if op not in LIBRARY_OPS or not isinstance(overload, str) or not overload.isidentifier():
+                raise ValueError(f"op {str(op)[:40]}.{str(overload)[:40]}")
+            if call["device"] == "cuda":
+                device = torch.device("cuda", torch.cuda.current_device() if device_index is None else device_index)
+            elif call["device"] == "cpu":
+                device = torch.device("cpu")
+            else:
+                raise ValueError(f"device {str(call['device'])[:20]}")
+            args = [_decode(a, device) for a in call["args"]]
+            kwargs = {str(k): _decode(v, device) for k, v in dict(call["kwargs"]).items()}
+            if sum(n for _, n in args) + sum(n for _, n in kwargs.values()) > MAX_CALL_BYTES:
+                raise ValueError("more tensor bytes than a call may replay")
+            fn = getattr(getattr(torch.ops.aten, op), overload)
+            plain_args, plain_kwargs = [a for a, _ in args], {k: v for k, (v, _) in kwargs.items()}
+            if _draws_random(fn._schema, plain_args, plain_kwargs):
+                raise ValueError("it draws random numbers")
+            out.append((fn, plain_args, plain_kwargs))
+        except Exception as err:  # noqa: BLE001 - a call that cannot be replayed is left to the first call
+            log.debug("recorded library call not replayed: %s: %s", type(err).__name__, err)
+    return out
+
+
+def _materialize(value: Any) -> Any:
+    if isinstance(value, tuple) and value and value[0] == "tensor":
+        _, shape, stride, dtype, device = value
+        return torch.empty_strided(shape, stride, dtype=dtype, device=device).zero_()
+    return value
+
+
+class Primer:
+    """A daemon thread replaying checked library calls; :meth:`wait` joins it.
+
+    ``done`` and ``failed`` count the calls replayed and those that raised (each logged at DEBUG); ``seconds``
+    is the thread's run time (None until it ends).
+    """
+
+    def __init__(self, calls: list[tuple[Any, list[Any], dict[str, Any]]]):
+        self.calls = calls
+        self.done = 0
+        self.failed = 0
+        self.seconds: float | None = None
+        self._thread = threading.Thread(target=self._run, name="precompile-prime", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        start = time.perf_counter()
+        cuda = False
+        with torch.no_grad():
+            for fn, args, kwargs in self.calls:
+                try:
+                    fn(*[_materialize(a) for a in args], **{k: _materialize(v) for k, v in kwargs.items()})
+                    self.done += 1
+                    cuda = cuda or any(isinstance(a, tuple) and a and a[0] == "tensor" and a[4].type == "cuda"
+                                       for a in args)
+                except Exception as err:  # noqa: BLE001 - the first call sets it up instead
+                    self.failed += 1
+                    log.debug("priming %s failed (%s: %s); the first call sets it up", fn, type(err).__name__, err)
+            if cuda:
+                torch.cuda.synchronize()
+        self.seconds = time.perf_counter() - start
+
+    def wait(self) -> None:
+        """Block until the thread has ended (at once if it has)."""
+        self._thread.join()
+
+
+def start(calls: Any, on_cpu: bool = False) -> Primer | None:
+    """Start replaying a manifest's recorded library ``calls`` (those on a CPU only if ``on_cpu``) in a daemon
+    thread; None when there is nothing to replay.
+
+    Raises:
+        nothing: a call that cannot be replayed is left to the first call.
+    """
+    if not isinstance(calls, list):
+        return None
+    wanted = [c for c in calls if isinstance(c, dict) and (c.get("device") == "cuda" or on_cpu)]
+    if any(c.get("device") == "cuda" for c in wanted) and not torch.cuda.is_available():
+        return None
+    checked = check_calls(wanted)
+    return Primer(checked) if checked else None

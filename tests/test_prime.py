@@ -1,0 +1,97 @@
+"""Library calls recorded at build and replayed beside a load (precompile.inductor.prime): the build records
+each distinct matmul of the graph, a load replays them in a thread the first call waits for, outputs stay the
+fresh compile's, and what a manifest asks to replay is bounded."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import _graphs
+import precompile
+from precompile.errors import ConfigError
+from precompile.inductor import prime
+
+
+@pytest.fixture(scope="module")
+def stored(tmp_path_factory):
+    """An MLP (two Linear layers: extern addmm calls) compiled under no_grad: (url, key, inputs, outputs)."""
+    url = "file://" + str(tmp_path_factory.mktemp("prime") / "cache")
+    gm, inputs = _graphs.dynamo_graph(_graphs.mlp(), _graphs.example())
+    with torch.no_grad():
+        art = precompile.standalone_compile(gm, inputs, cache=url)
+        want = art(*inputs)
+    return url, art.key, inputs, want
+
+
+def _same(got, want) -> bool:
+    return len(got) == len(want) and all(torch.equal(g, w) for g, w in zip(got, want))
+
+
+def test_the_build_records_each_distinct_library_call_with_its_shapes(stored):
+    url, key, inputs, _ = stored
+    calls = precompile.load(key, cache=url).manifest.parts["fast"]["prime"]
+    assert {c["op"] for c in calls} == {"addmm"} and len(calls) == 2  # two layers, two shapes
+    batch, d, h = _graphs.BATCH, _graphs.D, _graphs.H
+    shapes = sorted(tuple(tuple(a["t"]) for a in c["args"] if isinstance(a, dict) and "t" in a) for c in calls)
+    assert shapes == sorted([((h,), (batch, d), (d, h)), ((d,), (batch, h), (h, d))])
+    assert all(c["device"] == "cpu" and c["args"][1]["d"] == "float32" for c in calls)
+
+
+def test_replayed_beside_the_load_and_outputs_unchanged(stored, monkeypatch):
+    url, key, inputs, want = stored
+    monkeypatch.setenv("PRECOMPILE_PRIME", "all")  # CPU graphs too
+    art = precompile.load(key, cache=url)
+    assert art.engine_kind == "fast" and art.primer is not None
+    with torch.no_grad():
+        got = art(*inputs)  # waits for the primer, then runs
+        again = art(*inputs)
+    assert (art.primer.done, art.primer.failed) == (2, 0)
+    assert art.primer.seconds is not None and art.primer.seconds > 0
+    assert _same(got, want) and _same(again, want)
+
+
+@pytest.mark.parametrize("setting", [None, "off", "on"])
+def test_cpu_graphs_are_not_primed_unless_asked(stored, monkeypatch, setting):
+    url, key, inputs, want = stored
+    if setting is None:
+        monkeypatch.delenv("PRECOMPILE_PRIME", raising=False)  # the default: off
+    else:
+        monkeypatch.setenv("PRECOMPILE_PRIME", setting)  # on: GPU graphs only
+    art = precompile.load(key, cache=url)
+    assert art.engine_kind == "fast" and art.primer is None
+    with torch.no_grad():
+        assert _same(art(*inputs), want)
+
+
+def test_a_bad_setting_is_a_config_error_not_a_slow_load(stored, monkeypatch):
+    url, key, _, _ = stored
+    monkeypatch.setenv("PRECOMPILE_PRIME", "cublas")
+    with pytest.raises(ConfigError, match="PRECOMPILE_PRIME must be off, on or all, got 'cublas'"):
+        precompile.load(key, cache=url)
+
+
+def test_recording_skips_what_draws_random_numbers_and_replays_only_bounded_library_calls():
+    q = torch.randn(1, 2, 8, 16)
+    with torch.no_grad():
+        calls = prime.record(lambda x: (torch.mm(x[0, 0], x[0, 0].T), torch.nn.functional.dropout(x, 0.5, True),
+                                        torch.relu(x)), [q])
+    assert [c["op"] for c in calls] == ["mm"]  # relu and dropout are not library calls
+    ok = calls[0]
+    huge = {**ok, "args": [{"t": [1 << 20, 1 << 20], "s": [1 << 20, 1], "d": "float32"}, ok["args"][1]]}
+    hostile = [
+        {**ok, "op": "empty"},  # not a library op
+        {**ok, "overload": "default; import os"},
+        {**ok, "device": "/tmp/x"},
+        {**ok, "args": [{"t": [2] * 9, "s": [1] * 9, "d": "float32"}, ok["args"][1]]},  # too many dims
+        {**ok, "args": [{"t": [-1, 8], "s": [8, 1], "d": "float32"}, ok["args"][1]]},
+        {**ok, "args": [{"t": [8, 8], "s": [8, 1], "d": "object"}, ok["args"][1]]},
+        huge,  # 4 TiB
+        "not a call",
+    ]
+    checked = prime.check_calls([ok, *hostile])
+    assert len(checked) == 1 and checked[0][0] is torch.ops.aten.mm.default
+    primer = prime.start([ok, *hostile], on_cpu=True)
+    primer.wait()
+    assert (primer.done, primer.failed) == (1, 0)
+    assert prime.start("garbage", on_cpu=True) is None and prime.start([ok], on_cpu=False) is None
