@@ -12,7 +12,12 @@ In one run, for one model and shape:
 3. precompile load (fresh process, empty Inductor and Triton cache dirs): the same with
    ``precompile.load(key, cache=...)``, reading the cache included.
 
-Outputs of both loads are compared with the fresh compile's.  Peak extra resident memory of each load is
+Time to first output (what a cold serving worker waits for) is load + first call, for torch's load, ours and
+ours with the graph's library calls replayed beside the load (``PRECOMPILE_PRIME=all``), against load + second call
+and against eager's first call in a fresh process of the same kind (building the model is not timed).  Every
+child runs with ``PYTHONDONTWRITEBYTECODE`` unset (bytecode under ``PYTHONPYCACHEPREFIX`` in the work dir) after
+one untimed round of each load, so that torch's and precompile's Python is byte-compiled, as in a deployed
+image.  Outputs of both loads are compared with the fresh compile's.  Peak extra resident memory of each load is
 ``ru_maxrss`` after the first call minus before the load.  Also: a warm load (``load`` + ``bind`` +
 ``warmup()``, its first call); N loads at once (``--concurrent N``: the processes import torch first, then start
 their loads on one GO file); and the steady call of the loaded callable against the fresh compile's, called
@@ -23,6 +28,7 @@ compared), the signature check alone (``verify_ms``, median) and the one-time im
 in a fresh process (``crypto_import_ms``).
 
     python tools/bench_load.py --model llama --shape 1x32
+    python tools/bench_load.py --model tools.recipes:resnet18 --shape 16x224 --device cuda --dtype bfloat16
     python tools/bench_load.py --model tools.recipes:transformer_blocks --shape 4x128 --json
 """
 
@@ -31,7 +37,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -40,6 +45,10 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parent)]
+
+from tools.bench_load_phases import (  # noqa: E402 - after the repository root is on the path
+    phase_build, phase_build_ours, phase_eager, phase_load)
 
 
 def _args(argv=None) -> argparse.Namespace:
@@ -60,182 +69,6 @@ def _args(argv=None) -> argparse.Namespace:
                    help="signed and unsigned fresh-process loads, alternating, for the signing cost (medians)")
     p.add_argument("--phase", default=None, help=argparse.SUPPRESS)
     return p.parse_args(argv)
-
-
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        import torch
-
-        torch.cuda.synchronize()
-
-
-def _steady_ms(fn, args, device: str, calls: int) -> float:
-    for _ in range(3):
-        fn(*args)
-    times = []
-    for _ in range(calls):
-        _sync(device)
-        t = time.perf_counter()
-        fn(*args)
-        _sync(device)
-        times.append((time.perf_counter() - t) * 1e3)
-    return statistics.median(times)
-
-
-def _paired_ms(a_fn, b_fn, args, device: str, calls: int) -> tuple[float, float]:
-    """Median ms of ``a_fn`` and of ``b_fn`` called alternately in one process (A, B, A, B...), so that both
-    see the same machine noise: the fair way to compare two callables' steady calls."""
-    for _ in range(3):
-        a_fn(*args)
-        b_fn(*args)
-    times: tuple[list[float], list[float]] = ([], [])
-    for _ in range(calls):
-        for fn, out in ((a_fn, times[0]), (b_fn, times[1])):
-            _sync(device)
-            t = time.perf_counter()
-            fn(*args)
-            _sync(device)
-            out.append((time.perf_counter() - t) * 1e3)
-    return statistics.median(times[0]), statistics.median(times[1])
-
-
-def _first(out):
-    import torch
-
-    if isinstance(out, torch.Tensor):
-        return out
-    return out[0]
-
-
-def _graph(a: argparse.Namespace):
-    """The model's one Dynamo graph, its example inputs and the Inductor options, as every build phase uses."""
-    from precompile.capture import capture_graphs
-    from precompile.models import get_recipe, parse_shapes
-
-    recipe = get_recipe(a.model, config=a.config, device=a.device, dtype=a.dtype)
-    (shape,) = parse_shapes(a.shape)
-    graphs = capture_graphs(recipe.model(), recipe.example_inputs(shape))
-    if len(graphs) != 1:
-        raise SystemExit(f"{a.model} gives {len(graphs)} graphs; this benchmark times one")
-    gm, ex = graphs[0]
-    return gm, ex, json.loads(a.options) if a.options else {}
-
-
-def phase_build(a: argparse.Namespace, work: Path) -> dict:
-    import torch
-
-    gm, ex, options = _graph(a)
-    torch.save(ex, work / "inputs.pt")
-    from torch._inductor.utils import fresh_cache
-
-    with fresh_cache():
-        t = time.perf_counter()
-        tart = torch._inductor.standalone_compile(gm, ex, dynamic_shapes="from_example_inputs",
-                                                  options={"config_patches": options})
-        _sync(a.device)
-        torch_compile_s = time.perf_counter() - t
-        tart.save(path=str(work / "torch.bin"), format="binary")
-    with torch.no_grad():
-        compiled_ms = _steady_ms(tart, ex, a.device, a.calls)
-        ref = _first(tart(*ex)).detach().cpu()
-    torch.save(ref, work / "ref.pt")
-    return {"torch_compile_s": torch_compile_s, "compiled_call_ms": compiled_ms,
-            "torch_artifact_bytes": (work / "torch.bin").stat().st_size}
-
-
-def phase_build_ours(a: argparse.Namespace, work: Path) -> dict:
-    """precompile's cold compile into a fresh local cache, in its own fresh process."""
-    import torch
-
-    import precompile
-
-    gm, ex, options = _graph(a)
-    url = "file://" + str(work / "cache")
-    t = time.perf_counter()
-    art = precompile.standalone_compile(gm, ex, options=options, cache=url)
-    _sync(a.device)
-    seconds = time.perf_counter() - t
-    with torch.no_grad():
-        compiled_ms = _steady_ms(art, ex, a.device, a.calls)
-        # the loaded callable (fast path: carried binaries) against the fresh compile, alternating in one process
-        loaded = precompile.load(art.key, cache=url)
-        fresh_ms, loaded_ms = _paired_ms(art, loaded, ex, a.device, max(a.calls, 100))
-    signed = _signed_cache(work, url, art.key)
-    return {**signed, "precompile_compile_s": seconds, "precompile_compiled_call_ms": compiled_ms, "key": art.key,
-            "paired_fresh_ms": fresh_ms, "paired_loaded_ms": loaded_ms, "paired_engine": loaded.engine_kind,
-            "cache": url, "artifact_bytes": art.manifest.total_bytes(), "kernels": len(art.manifest.kernels),
-            "placeholders": len(art.manifest.placeholders)}
-
-
-def _signed_cache(work: Path, url: str, key: str) -> dict:
-    """A second cache holding the artifact with its manifest signed by a fresh key, and the median time of one
-    signature check (canonical JSON of the manifest + Ed25519 verify), ms."""
-    import precompile
-    from cache_backends.registry import open_cache
-    from precompile import trust
-    from precompile.cache_io import store
-
-    key_path = work / "signing.pem"
-    public = trust.generate_key(key_path)
-    art = precompile.load(key, cache=url)
-    art.manifest = trust.Policy(signer=trust.load_signing_key(str(key_path))).sign(art.manifest)
-    signed_url = "file://" + str(work / "cache-signed")
-    store(open_cache(signed_url), art)
-    verifier = trust.Policy(trust.parse_verify_keys(public))
-    doc = json.loads(art.manifest.to_json())
-    times = []
-    for _ in range(50):
-        t = time.perf_counter()
-        assert verifier.check(doc).ok
-        times.append((time.perf_counter() - t) * 1000)
-    return {"signed_cache": signed_url, "verify_key": public, "verify_ms": statistics.median(times),
-            "manifest_bytes": len(art.manifest.to_json())}
-
-
-def phase_load(a: argparse.Namespace, work: Path, which: str, key: str, url: str) -> dict:
-    import torch  # excluded from the load time
-
-    ex = torch.load(work / "inputs.pt", weights_only=False)
-    ref = torch.load(work / "ref.pt")
-    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    _wait_for_go()
-    t0 = time.perf_counter()
-    if which == "torch":
-        fn = torch._inductor.CompiledArtifact.load(path=str(work / "torch.bin"), format="binary")
-    else:
-        import precompile
-
-        fn = precompile.load(key, cache=url)
-        if which == "ours-warm":  # a worker binds its weights and warms up before taking traffic
-            weights = {s["fqn"]: ex[i] for i, s in enumerate(fn.placeholders) if s["kind"] != "user_input"}
-            fn.bind(weights).warmup()
-    t1 = time.perf_counter()
-    with torch.no_grad():
-        out = fn(*ex)
-        _sync(a.device)
-        t2 = time.perf_counter()
-        rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        steady = _steady_ms(fn, ex, a.device, a.calls)
-    got = _first(out).detach().cpu()
-    return {"load_s": t1 - t0, "engine": getattr(fn, "engine_kind", "torch"), "first_call_s": t2 - t1,
-            "steady_call_ms": steady,
-            "peak_extra_rss_mb": (rss1 - rss0) / 1024, "matches": bool(torch.equal(got, ref)),
-            "max_abs_diff": float((got.float() - ref.float()).abs().max())}
-
-
-def _wait_for_go() -> None:
-    """With ``BENCH_READY_DIR``/``BENCH_GO_FILE`` set (the N-at-once run): say ready, then wait for GO, so that
-    the N loads start at the same moment, after every process has imported torch."""
-    ready, go = os.environ.get("BENCH_READY_DIR"), os.environ.get("BENCH_GO_FILE")
-    if not ready or not go:
-        return
-    Path(ready, str(os.getpid())).touch()
-    deadline = time.monotonic() + 600
-    while not os.path.exists(go):
-        if time.monotonic() > deadline:
-            raise SystemExit("GO file never appeared")
-        time.sleep(0.002)
-
 
 def _start_child(a: argparse.Namespace, work: Path, phase: str, env: dict) -> subprocess.Popen:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--phase", phase, "--workdir", str(work),
@@ -258,8 +91,10 @@ def _child(a: argparse.Namespace, work: Path, phase: str, env: dict) -> dict:
     return _finish_child(_start_child(a, work, phase, env))
 
 
-def _fresh_env(work: Path, name: str) -> dict:
-    env = dict(os.environ)
+def _fresh_env(work: Path, name: str, **extra: str) -> dict:
+    env = dict(os.environ, **extra)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)  # as in a deployed image: byte-compiled once, then reused
+    env["PYTHONPYCACHEPREFIX"] = str(work / "pycache")
     d = Path(tempfile.mkdtemp(prefix=f"inductor-{name}-", dir=work))
     env["TORCHINDUCTOR_CACHE_DIR"] = str(d)
     env["TRITON_CACHE_DIR"] = str(d / "triton")
@@ -276,6 +111,8 @@ def main(argv=None) -> int:
             result = phase_build(a, work)
         elif a.phase == "build-ours":
             result = phase_build_ours(a, work)
+        elif a.phase == "eager":
+            result = phase_eager(a, work)
         elif a.phase == "crypto-import":
             t = time.perf_counter()
             from cryptography.exceptions import InvalidSignature  # noqa: F401
@@ -289,8 +126,15 @@ def main(argv=None) -> int:
         return 0
     build = _child(a, work, "build", _fresh_env(work, "build"))
     build.update(_child(a, work, "build-ours", _fresh_env(work, "build-ours")))
+    ours_phase, primed = f"ours,{build['key']},{build['cache']}", {"PRECOMPILE_PRIME": "all"}
+    for name in ("torch", "ours"):  # untimed: byte-compiles each load path's Python, as a deployed image has it
+        _child(a, work, f"{name},{build['key']},{build['cache']}", _fresh_env(work, f"{name}-bytecode"))
+    _child(a, work, f"ours,{build['key']},{build['signed_cache']}",
+           _fresh_env(work, "signed-bytecode", PRECOMPILE_VERIFY_KEYS=build["verify_key"]))
     t = _child(a, work, f"torch,{build['key']},{build['cache']}", _fresh_env(work, "torch"))
-    o = _child(a, work, f"ours,{build['key']},{build['cache']}", _fresh_env(work, "ours"))
+    o = _child(a, work, ours_phase, _fresh_env(work, "ours"))
+    o_pr = _child(a, work, ours_phase, _fresh_env(work, "ours-primed", **primed))
+    eager = _child(a, work, "eager", _fresh_env(work, "eager"))
     w = _child(a, work, f"ours-warm,{build['key']},{build['cache']}", _fresh_env(work, "ours-warm"))
     unsigned, signed = [], []
     for i in range(max(1, a.repeat)):  # alternating, so that the machine's drift hits both alike
@@ -318,12 +162,18 @@ def main(argv=None) -> int:
     import torch
 
     result = {
-        "model": a.model, "shape": a.shape, "device": a.device, "dtype": a.dtype or "float32",
+        "model": a.model, "key": build["key"], "cache": build["cache"], "workdir": str(work), "shape": a.shape, "device": a.device, "dtype": a.dtype or "float32",
         "options": json.loads(a.options) if a.options else {}, "torch": torch.__version__,
         "compile_s": build["precompile_compile_s"], "torch_compile_s": build["torch_compile_s"],
         "torch_load_s": t["load_s"], "precompile_load_s": o["load_s"],
         "speedup": t["load_s"] / o["load_s"] if o["load_s"] else None,
         "torch_first_call_s": t["first_call_s"], "first_call_s": o["first_call_s"],
+        "second_call_s": o["second_call_s"], "eager_first_call_s": eager["first_call_s"],
+        "torch_ttfo_s": t["load_s"] + t["first_call_s"], "ttfo_s": o["load_s"] + o["first_call_s"],
+        "ttfo_speedup": (t["load_s"] + t["first_call_s"]) / (o["load_s"] + o["first_call_s"]),
+        "ttfo_vs_second": (o["load_s"] + o["first_call_s"]) / (o["load_s"] + o["second_call_s"]),
+        "primed_load_s": o_pr["load_s"], "primed_first_call_s": o_pr["first_call_s"],
+        "primed_ttfo_s": o_pr["load_s"] + o_pr["first_call_s"],
         "torch_steady_call_ms": t["steady_call_ms"], "steady_call_ms": o["steady_call_ms"],
         "compiled_call_ms": build["compiled_call_ms"],
         "paired_steady_ms": {"fresh_compile": build["paired_fresh_ms"], "loaded": build["paired_loaded_ms"],
@@ -367,6 +217,7 @@ def main(argv=None) -> int:
     row("cold compile s", result["torch_compile_s"], result["compile_s"], "{:.2f}")
     row("fresh-process load s", result["torch_load_s"], result["precompile_load_s"], "{:.3f}")
     row("first call s", result["torch_first_call_s"], result["first_call_s"], "{:.4f}")
+    row("load + first call s", result["torch_ttfo_s"], result["ttfo_s"], "{:.3f}")
     row("steady call ms", result["torch_steady_call_ms"], result["steady_call_ms"], "{:.3f}")
     row("peak extra RSS MiB", result["torch_peak_extra_rss_mb"], result["peak_extra_rss_mb"], "{:.1f}")
     row("artifact bytes", result["torch_artifact_bytes"], result["artifact_bytes"], "{:,}")
@@ -385,6 +236,11 @@ def main(argv=None) -> int:
               f"{result['signed_speedup']:.1f}x faster than torch's); the signature check alone "
               f"{build['verify_ms']:.2f} ms for a {build['manifest_bytes']:,}-byte manifest, importing cryptography's "
               f"Ed25519 {result['crypto_import_ms']:.1f} ms once per process")
+    con.print(f"time to first output (load + first call): ours {result['ttfo_s']:.3f} s = "
+              f"{result['ttfo_vs_second']:.2f}x our load + second call ({o['load_s'] + o['second_call_s']:.3f} s), "
+              f"{result['ttfo_speedup']:.1f}x faster than torch's {result['torch_ttfo_s']:.3f} s; with the graph's "
+              f"library calls replayed beside the load (PRECOMPILE_PRIME=all) {result['primed_ttfo_s']:.3f} s (load "
+              f"{o_pr['load_s']:.3f} + first call {o_pr['first_call_s']:.4f}); eager's first call in a fresh process {eager['first_call_s']:.4f} s")
     if concurrent:
         con.print(f"{len(concurrent)} precompile loads at once: max {max(concurrent):.3f} s, median "
                   f"{statistics.median(concurrent):.3f} s ({result['concurrent_vs_lone']:.2f}x a lone load)")

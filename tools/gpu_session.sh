@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # GPU verification run for the device machine (torch 2.11 + triton 3.6 there).  Writes logs under $OUT.
 #   bash tools/gpu_session.sh                  everything below (needs .whl/ with the zstandard and redis wheels)
-#   TESTS=1 VLLM=0 COVERAGE=0 BENCH=0 MAIN_JOB=0 ...  pick parts: the GPU tests, the vLLM adaptor round trip,
-#                                              tools/bench_coverage.py (CASES=a,b for a subset, PROFILE=1), the Llama
-#                                              load benchmark, the main job
+#   TESTS=1 VLLM=0 COVERAGE=0 BENCH=0 MAIN_JOB=0 TTFO=0 ...  pick parts: the GPU tests, the vLLM adaptor round
+#                                              trip, tools/bench_coverage.py (CASES=a,b for a subset, PROFILE=1), the
+#                                              Llama load benchmark, the main job, time to first output
+#                                              (MODELS="llama qwen2 resnet18", PROFILE_MODEL=llama)
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD:$PWD/tests PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 XDG_CACHE_HOME=/tmp/xdg
@@ -31,5 +32,28 @@ fi
 if [ "${BENCH:-0}" = 1 ]; then
   COLUMNS=120 python3 tools/bench_load.py --model llama --config "$CFG" --device cuda --dtype bfloat16 --shape 4x256 \
     --calls 50 --concurrent 8 --json-out "$OUT/bench_llama.json" 2> "$OUT/bench_llama.err" | tee "$OUT/bench_llama.txt"
+fi
+# time to first output (load + first call) for the models, and a profile of the Llama's first call with
+# and without priming
+QCFG='{"num_hidden_layers":6,"hidden_size":1024,"intermediate_size":2816,"num_attention_heads":16,"num_key_value_heads":8,"vocab_size":32000}'
+if [ "${TTFO:-0}" = 1 ]; then
+  for m in ${MODELS:-llama qwen2 resnet18}; do
+    case $m in
+      llama) args=(--model llama --config "$CFG" --shape 4x256) ;;
+      qwen2) args=(--model qwen2 --config "$QCFG" --shape 2x256) ;;
+      resnet18) args=(--model tools.recipes:resnet18 --shape 16x224) ;;
+    esac
+    COLUMNS=120 timeout 300 python3 tools/bench_load.py "${args[@]}" --device cuda --dtype bfloat16 --calls 20 --repeat 1 \
+      --workdir "/tmp/ttfo-$m" --json-out "$OUT/ttfo_$m.json" 2> "$OUT/ttfo_$m.err" | tee "$OUT/ttfo_$m.txt"
+    tail -3 "$OUT/ttfo_$m.err"
+    if [ "$m" = "${PROFILE_MODEL:-llama}" ] && [ -f "$OUT/ttfo_$m.json" ]; then
+      key=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['key'])" "$OUT/ttfo_$m.json")
+      for prime in off on; do
+        echo "--- first call of $m, PRECOMPILE_PRIME=$prime"
+        PRECOMPILE_PRIME=$prime python3 tools/profile_first_call.py "$key" --cache "file:///tmp/ttfo-$m/cache" \
+          --inputs "/tmp/ttfo-$m/inputs.pt" --top 14 2>&1 | grep -v "^DEBUG" | tee -a "$OUT/first_call_profile.txt"
+      done
+    fi
+  done
 fi
 ls -la "$OUT"

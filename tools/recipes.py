@@ -47,6 +47,26 @@ def transformer_blocks(n: int = 4, d: int = 256, heads: int = 4):
     return model.eval(), inputs
 
 
+def resnet18(num_classes: int = 1000):
+    """``(model, inputs_fn)``: torchvision's ResNet-18 with seeded random weights (nothing is downloaded);
+    ``inputs_fn(shape)`` gives ``float32[shape.batch, 3, shape.seq, shape.seq]`` images (``--shape 16x224``).
+
+    Raises:
+        ImportError: torchvision is not installed.
+    """
+    from torchvision.models import resnet18 as build
+
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = build(weights=None, num_classes=num_classes)
+
+    def inputs(shape):
+        g = torch.Generator().manual_seed(shape.batch * 100003 + shape.seq)
+        return (torch.randn(shape.batch, 3, shape.seq, shape.seq, generator=g),)
+
+    return model.eval(), inputs
+
+
 class DecodeStep(torch.nn.Module):
     """One attention decode step that writes into buffers its caller owns, as a KV-cache decoder does.
 
