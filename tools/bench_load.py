@@ -65,6 +65,8 @@ def _args(argv=None) -> argparse.Namespace:
     p.add_argument("--workdir", default=None, help="keep artifacts here (default: a temp dir)")
     p.add_argument("--concurrent", type=int, default=0,
                    help="also start this many precompile loads at once and report their load seconds")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="fresh-process precompile loads, plain and primed alternating (medians reported)")
     p.add_argument("--repeat", type=int, default=3,
                    help="signed and unsigned fresh-process loads, alternating, for the signing cost (medians)")
     p.add_argument("--phase", default=None, help=argparse.SUPPRESS)
@@ -89,6 +91,15 @@ def _finish_child(proc: subprocess.Popen) -> dict:
 
 def _child(a: argparse.Namespace, work: Path, phase: str, env: dict) -> dict:
     return _finish_child(_start_child(a, work, phase, env))
+
+
+def _medians(runs: list[dict]) -> dict:
+    """The first run's record with each timing replaced by the median over ``runs``."""
+    out = dict(runs[0])
+    for k in ("load_s", "first_call_s", "second_call_s", "steady_call_ms", "peak_extra_rss_mb"):
+        out[k] = statistics.median(r[k] for r in runs)
+    out["matches"] = all(r["matches"] for r in runs)
+    return out
 
 
 def _fresh_env(work: Path, name: str, **extra: str) -> dict:
@@ -132,8 +143,11 @@ def main(argv=None) -> int:
     _child(a, work, f"ours,{build['key']},{build['signed_cache']}",
            _fresh_env(work, "signed-bytecode", PRECOMPILE_VERIFY_KEYS=build["verify_key"]))
     t = _child(a, work, f"torch,{build['key']},{build['cache']}", _fresh_env(work, "torch"))
-    o = _child(a, work, ours_phase, _fresh_env(work, "ours"))
-    o_pr = _child(a, work, ours_phase, _fresh_env(work, "ours-primed", **primed))
+    plain, with_prime = [], []
+    for i in range(max(1, a.rounds)):  # alternating, so that the machine's drift hits both alike
+        plain.append(_child(a, work, ours_phase, _fresh_env(work, f"ours{i}")))
+        with_prime.append(_child(a, work, ours_phase, _fresh_env(work, f"ours-primed{i}", **primed)))
+    o, o_pr = _medians(plain), _medians(with_prime)
     eager = _child(a, work, "eager", _fresh_env(work, "eager"))
     w = _child(a, work, f"ours-warm,{build['key']},{build['cache']}", _fresh_env(work, "ours-warm"))
     unsigned, signed = [], []
@@ -162,7 +176,8 @@ def main(argv=None) -> int:
     import torch
 
     result = {
-        "model": a.model, "key": build["key"], "cache": build["cache"], "workdir": str(work), "shape": a.shape, "device": a.device, "dtype": a.dtype or "float32",
+        "model": a.model, "rounds": max(1, a.rounds), "key": build["key"], "cache": build["cache"],
+        "workdir": str(work), "shape": a.shape, "device": a.device, "dtype": a.dtype or "float32",
         "options": json.loads(a.options) if a.options else {}, "torch": torch.__version__,
         "compile_s": build["precompile_compile_s"], "torch_compile_s": build["torch_compile_s"],
         "torch_load_s": t["load_s"], "precompile_load_s": o["load_s"],
@@ -236,11 +251,12 @@ def main(argv=None) -> int:
               f"{result['signed_speedup']:.1f}x faster than torch's); the signature check alone "
               f"{build['verify_ms']:.2f} ms for a {build['manifest_bytes']:,}-byte manifest, importing cryptography's "
               f"Ed25519 {result['crypto_import_ms']:.1f} ms once per process")
-    con.print(f"time to first output (load + first call): ours {result['ttfo_s']:.3f} s = "
-              f"{result['ttfo_vs_second']:.2f}x our load + second call ({o['load_s'] + o['second_call_s']:.3f} s), "
-              f"{result['ttfo_speedup']:.1f}x faster than torch's {result['torch_ttfo_s']:.3f} s; with the graph's "
-              f"library calls replayed beside the load (PRECOMPILE_PRIME=all) {result['primed_ttfo_s']:.3f} s (load "
-              f"{o_pr['load_s']:.3f} + first call {o_pr['first_call_s']:.4f}); eager's first call in a fresh process {eager['first_call_s']:.4f} s")
+    con.print(f"time to first output (load + first call; ours: medians of {result['rounds']} fresh processes): "
+              f"ours {result['ttfo_s']:.3f} s = {result['ttfo_vs_second']:.2f}x our load + second call "
+              f"({o['load_s'] + o['second_call_s']:.3f} s), {result['ttfo_speedup']:.1f}x faster than torch's "
+              f"{result['torch_ttfo_s']:.3f} s; with the graph's library calls replayed beside the load "
+              f"(PRECOMPILE_PRIME=all) {result['primed_ttfo_s']:.3f} s (load {o_pr['load_s']:.3f} + first call "
+              f"{o_pr['first_call_s']:.4f}); eager's first call in a fresh process {eager['first_call_s']:.4f} s")
     if concurrent:
         con.print(f"{len(concurrent)} precompile loads at once: max {max(concurrent):.3f} s, median "
                   f"{statistics.median(concurrent):.3f} s ({result['concurrent_vs_lone']:.2f}x a lone load)")

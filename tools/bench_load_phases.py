@@ -125,6 +125,7 @@ def _signed_cache(work: Path, url: str, key: str) -> dict:
     from precompile.cache_io import store
 
     key_path = work / "signing.pem"
+    key_path.unlink(missing_ok=True)  # a work dir used again: a fresh key
     public = trust.generate_key(key_path)
     art = precompile.load(key, cache=url)
     art.manifest = trust.Policy(signer=trust.load_signing_key(str(key_path))).sign(art.manifest)

@@ -5,7 +5,7 @@ A fast load carries every Triton cubin and C++ kernel and loads them itself, so 
 what the libraries the wrapper calls through torch do on their first use: cuBLAS / cuBLASLt create handles and
 load, lazily, the kernel each matmul shape picks; the fused attention kernels behind
 ``aten._scaled_dot_product_*_attention`` are loaded; cuDNN sets up.  On an H100 that is most of a first call:
-0.19 s of a Llama's 0.30 s in its 58 ``mm`` calls, 0.11 s in its 8 attention calls (docs/benchmarks.md, time to
+0.20 s of a Llama's 0.32 s in its 58 ``mm`` calls, 0.11 s in its 8 attention calls (docs/benchmarks.md, time to
 first output).  A tiny matmul does not help: each shape loads its own kernel.
 
 So the build records each distinct call of :data:`LIBRARY_OPS` the fast callable makes on the example inputs
