@@ -579,11 +579,12 @@ class RedisCache(LeasesMixin, UpkeepMixin, Cache):
             return False
 
     def close(self) -> None:
-        """Send this cache's queued counts (one try), stop its counter sender from using it, and close the
-        connection pool (and a cluster client's node connections).  Never raises."""
-        if self._sink.send == self._send_counts:
-            self._sink.flush()
-            self._sink.send = None  # counts added later stay queued in this process (shown by counters())
+        """Send the queued counts (one try), stop the counter sender from using this cache (another open cache of
+        the same server takes over; with none, later counts stay queued in this process, shown by
+        :meth:`counters`), and close the connection pool (and a cluster client's node connections).  Never
+        raises."""
+        self._sink.flush()
+        self._sink.detach(self._send_counts)
         try:
             self.client.close()
         except (rex.RedisError, *_DOWN_ERRORS):

@@ -76,6 +76,7 @@ class CounterSink:
     def __init__(self, name: str):
         self.name = name
         self.send: Callable[[dict[str, int]], None] | None = None
+        self._senders: list[Callable[[dict[str, int]], None]] = []  # of the open caches, the last registered last
         self.enabled = True
         self._pending: Counter[str] = Counter()
         self._lock = threading.Lock()
@@ -90,8 +91,17 @@ class CounterSink:
             sink = cls._all.get((server, counters_key))
             if sink is None:
                 sink = cls._all[(server, counters_key)] = cls(f"{server} {counters_key}")
-            sink.send = send
+            with sink._send_lock:
+                sink._senders.append(send)
+                sink.send = send
             return sink
+
+    def detach(self, send: Callable[[dict[str, int]], None]) -> None:
+        """A cache closed: stop sending through ``send``; the sink then sends through another open cache of the
+        same server and hash, or (none left) keeps its counts queued in this process."""
+        with self._send_lock:
+            self._senders = [s for s in self._senders if s != send]
+            self.send = self._senders[-1] if self._senders else None
 
     def add(self, counts: Counter[str]) -> None:
         """Queue ``counts`` (never blocks on the network); the sender thread sends them shortly."""

@@ -42,6 +42,7 @@ def build_engine(art: Artifact) -> Callable[..., Any]:
                 safe_incr(art.cache, loads_fast=1)
             return engine
         except Exception as err:  # noqa: BLE001 - the portable path is the fallback for any failure
+            art.primer = None  # its replay, if any, ends by itself; the portable engine does not wait for it
             log.warning("fast load of artifact %s failed (%s: %s); using the portable path", art.key[:12],
                         type(err).__name__, err)
     elif not fast:

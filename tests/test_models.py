@@ -9,6 +9,7 @@ import ipaddress
 import json
 import os
 import socket
+import urllib.parse
 from pathlib import Path
 
 import pytest
@@ -38,11 +39,27 @@ def repo_on_path(monkeypatch):
     monkeypatch.syspath_prepend(str(REPO_ROOT))
 
 
-def _is_loopback(host: str) -> bool:
+def _proxy_ports() -> set[int]:
+    """Ports of the proxies configured in the environment: a loopback proxy leads to the network."""
+    ports = set()
+    for name in ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY", "https_proxy", "http_proxy", "all_proxy"):
+        try:
+            port = urllib.parse.urlsplit(os.environ.get(name, "")).port
+        except ValueError:
+            port = None
+        if port:
+            ports.add(port)
+    return ports
+
+
+def _is_local(address: tuple) -> bool:
+    """A loopback address (a test's own redis-server) that is not a configured proxy."""
+    host, port = address[0], address[1]
     try:
-        return ipaddress.ip_address(host).is_loopback
+        loopback = ipaddress.ip_address(host).is_loopback
     except ValueError:  # a host name: only localhost is local
-        return host == "localhost"
+        loopback = host == "localhost"
+    return loopback and port not in _proxy_ports()
 
 
 @pytest.fixture
@@ -52,7 +69,7 @@ def no_network(monkeypatch):
 
     def refuse(self, address, *args, **kwargs):
         # AF_INET / AF_INET6 to anywhere but loopback (a test's own redis-server); unix sockets are local
-        if isinstance(address, tuple) and not _is_loopback(address[0]):
+        if isinstance(address, tuple) and not _is_local(address):
             attempts.append(address)
             raise OSError(f"network access attempted in an offline test: {address!r}")
         return real_connect(self, address, *args, **kwargs)

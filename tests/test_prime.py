@@ -87,6 +87,15 @@ def test_recording_skips_what_draws_random_numbers_and_replays_only_bounded_libr
         {**ok, "args": [{"t": [-1, 8], "s": [8, 1], "d": "float32"}, ok["args"][1]]},
         {**ok, "args": [{"t": [8, 8], "s": [8, 1], "d": "object"}, ok["args"][1]]},
         huge,  # 4 TiB
+        {**ok, "args": [{"t": [1 << 31, 1 << 31], "s": [0, 0], "d": "float32"}, ok["args"][1]]},  # 0 strides
+        {**ok, "args": [{"t": [1 << 17, 1], "s": [1, 1], "d": "float32"},
+                        {"t": [1, 1 << 17], "s": [1 << 17, 1], "d": "float32"}]},  # 1 MiB in, a 64 GiB output
+        {"op": "_scaled_dot_product_efficient_attention", "overload": "default", "device": "cpu", "kwargs": {},
+         "args": [{"t": [1, 1, 4, 8], "s": [32, 32, 8, 1], "d": "float32"}] * 3 + [None, False, 0.5]},  # dropout
+        {"op": "convolution", "overload": "default", "device": "cpu", "kwargs": {},
+         "args": [{"t": [1, 1, 4, 4], "s": [16, 16, 4, 1], "d": "float32"},
+                  {"t": [1, 1, 1, 1], "s": [1, 1, 1, 1], "d": "float32"}, None, {"l": [1, 1]},
+                  {"l": [1 << 40, 0]}, {"l": [1, 1]}, False, {"l": [0, 0]}, 1]},  # padding past the bounds
         "not a call",
     ]
     checked = prime.check_calls([ok, *hostile])

@@ -214,11 +214,16 @@ def test_unreachable_and_stalled_servers_fail_fast(redis_server):
 
 def test_close_sends_queued_counts_and_then_leaves_the_server_alone(redis_server, monkeypatch):
     cache = open_cache(redis_server.url())
+    other = open_cache(redis_server.url())  # another open cache of the same server: it keeps counting
     cache.incr(hits=3)
-    cache.close()  # sends what is queued: another worker sees it
-    other = open_cache(redis_server.url())
-    assert other.counters()["hits"] == 3
     other.close()
+    cache.incr(hits=1)
+    assert cache.counters()["hits"] == 4
+    cache.incr(hits=2)
+    cache.close()  # sends what is queued: another worker sees it
+    reader = open_cache(redis_server.url())
+    assert reader.counters()["hits"] == 6
+    reader.close()
     port = redis_server.port
     redis_server.stop()
     attempts = []
@@ -230,7 +235,7 @@ def test_close_sends_queued_counts_and_then_leaves_the_server_alone(redis_server
         return real_connect(sock, address, *args, **kwargs)
 
     monkeypatch.setattr(socket.socket, "connect", watch)
-    cache.incr(misses=1)  # after close: kept in this process, never sent to the gone server
+    cache.incr(misses=1)  # every cache closed: kept in this process, never sent to the gone server
     time.sleep(10 * FLUSH_INTERVAL_S)
     assert attempts == [] and cache.counters()["misses"] == 1
 

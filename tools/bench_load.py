@@ -103,7 +103,8 @@ def _medians(runs: list[dict]) -> dict:
 
 
 def _fresh_env(work: Path, name: str, **extra: str) -> dict:
-    env = dict(os.environ, **extra)
+    env = {k: v for k, v in os.environ.items() if k != "PRECOMPILE_PRIME"}  # plain unless a phase asks
+    env.update(extra)
     env.pop("PYTHONDONTWRITEBYTECODE", None)  # as in a deployed image: byte-compiled once, then reused
     env["PYTHONPYCACHEPREFIX"] = str(work / "pycache")
     d = Path(tempfile.mkdtemp(prefix=f"inductor-{name}-", dir=work))

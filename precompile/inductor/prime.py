@@ -18,9 +18,10 @@ for the first call.  Replaying changes no output: the ops are pure functions of 
 would draw random numbers (``dropout_p`` not 0) is never recorded or replayed.
 
 Recorded calls come from a manifest, so they are checked before anything runs (:func:`check_calls`): only
-:data:`LIBRARY_OPS` of ``aten``, known dtypes, at most :data:`MAX_CALLS` calls, :data:`MAX_DIMS` dimensions and
-:data:`MAX_CALL_BYTES` of tensors per call.  A call that fails is logged at DEBUG and left to the first call:
-priming never fails a load.
+:data:`LIBRARY_OPS` of ``aten``, known dtypes, at most :data:`MAX_CALLS` calls and :data:`MAX_DIMS` dimensions,
+bounded numbers and lists, and at most :data:`MAX_CALL_BYTES` of inputs and outputs per call, by logical size
+(outputs from a dry run on meta tensors).  The first call waits at most :data:`WAIT_S` seconds.  A call that
+fails is logged at DEBUG and left to the first call: priming never fails a load.
 
 Whether it pays depends on what the worker does between the load and its first request.  On an H100 the
 replayed calls took the wrapper's own first call from 0.32 s to 0.08 s, but when the first call follows the load
@@ -50,8 +51,11 @@ LIBRARY_OPS = frozenset({
     "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
     "_scaled_dot_product_cudnn_attention", "_flash_attention_forward", "_efficient_attention_forward",
 })
-#: Bounds on what a manifest may ask a load to replay.
-MAX_CALLS, MAX_DIMS, MAX_CALL_BYTES = 256, 8, 256 * 1024**2
+#: Bounds on what a manifest may ask a load to replay: calls, dims of a tensor, bytes of a call's tensors (inputs
+#: and outputs, counted by their logical size), items of a list argument and the magnitude of a number in it.
+MAX_CALLS, MAX_DIMS, MAX_CALL_BYTES, MAX_LIST, MAX_INT = 256, 8, 256 * 1024**2, 16, 1 << 31
+#: Seconds the first call waits for the replay before it runs beside it.
+WAIT_S = 30.0
 _DTYPES = {name: getattr(torch, name) for name in (
     "float32", "float16", "bfloat16", "float64", "int8", "uint8", "int32", "int64", "bool",
     "float8_e4m3fn", "float8_e5m2") if hasattr(torch, name)}
@@ -126,16 +130,16 @@ def _decode(value: Any, device: torch.device) -> tuple[Any, int]:
         if (dtype is None or not isinstance(shape, list) or not isinstance(stride, list) or len(shape) != len(stride)
                 or len(shape) > MAX_DIMS or not all(type(n) is int and 0 <= n < 2**40 for n in shape + stride)):
             raise ValueError(f"tensor spec {str(value)[:80]}")
-        span = 0 if 0 in shape else 1 + sum((n - 1) * s for n, s in zip(shape, stride))
-        nbytes = span * dtype.itemsize
+        nbytes = math.prod(shape) * dtype.itemsize  # logical size: a 0 stride does not make it small
         if nbytes > MAX_CALL_BYTES:
             raise ValueError(f"a tensor of {nbytes} bytes")
         return ("tensor", shape, stride, dtype, device), nbytes
-    if isinstance(value, dict) and "l" in value and all(type(v) in _NUMBER for v in value["l"]):
+    if (isinstance(value, dict) and "l" in value and isinstance(value["l"], list) and len(value["l"]) <= MAX_LIST
+            and all(type(v) in _NUMBER and abs(v) <= MAX_INT for v in value["l"])):
         return list(value["l"]), 0
     if isinstance(value, dict) and value.get("dtype") in _DTYPES:
         return _DTYPES[value["dtype"]], 0
-    if value is None or type(value) in (*_NUMBER, str):
+    if value is None or type(value) in (bool, str) or (type(value) in (int, float) and abs(value) <= MAX_INT):
         return value, 0
     raise ValueError(f"argument {str(value)[:80]}")
 
@@ -169,10 +173,26 @@ def check_calls(calls: Any, device_index: int | None = None) -> list[tuple[Any, 
             plain_args, plain_kwargs = [a for a, _ in args], {k: v for k, (v, _) in kwargs.items()}
             if _draws_random(fn._schema, plain_args, plain_kwargs):
                 raise ValueError("it draws random numbers")
+            _check_outputs(fn, plain_args, plain_kwargs, sum(n for _, n in args) + sum(n for _, n in kwargs.values()))
             out.append((fn, plain_args, plain_kwargs))
         except Exception as err:  # noqa: BLE001 - a call that cannot be replayed is left to the first call
             log.debug("recorded library call not replayed: %s: %s", type(err).__name__, err)
     return out
+
+
+def _check_outputs(fn: Any, args: list[Any], kwargs: dict[str, Any], in_bytes: int) -> None:
+    """Run ``fn`` on meta tensors (no memory, no kernel): ValueError if its outputs and inputs together pass
+    :data:`MAX_CALL_BYTES`, or if it has no meta kernel (then it is not replayed)."""
+    def meta(v: Any) -> Any:
+        if isinstance(v, tuple) and v and v[0] == "tensor":
+            return torch.empty_strided(v[1], v[2], dtype=v[3], device="meta")
+        return v
+
+    outs = fn(*[meta(a) for a in args], **{k: meta(v) for k, v in kwargs.items()})
+    flat = outs if isinstance(outs, (tuple, list)) else [outs]
+    out_bytes = sum(t.numel() * t.element_size() for t in flat if isinstance(t, torch.Tensor))
+    if in_bytes + out_bytes > MAX_CALL_BYTES:
+        raise ValueError(f"inputs and outputs of {in_bytes + out_bytes} bytes")
 
 
 def _materialize(value: Any) -> Any:
@@ -210,13 +230,20 @@ class Primer:
                 except Exception as err:  # noqa: BLE001 - the first call sets it up instead
                     self.failed += 1
                     log.debug("priming %s failed (%s: %s); the first call sets it up", fn, type(err).__name__, err)
-            if cuda:
-                torch.cuda.synchronize()
+            try:
+                if cuda:
+                    torch.cuda.synchronize()
+            except Exception as err:  # noqa: BLE001 - the first call's own synchronization reports it
+                log.debug("priming: synchronize failed (%s: %s)", type(err).__name__, err)
         self.seconds = time.perf_counter() - start
 
-    def wait(self) -> None:
-        """Block until the thread has ended (at once if it has)."""
-        self._thread.join()
+    def wait(self, timeout_s: float = WAIT_S) -> None:
+        """Block until the thread has ended (at once if it has), at most ``timeout_s`` seconds: then log a
+        warning and return, the replay going on beside the caller (torch's libraries are thread-safe).
+        Safe to call from several threads at once."""
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            log.warning("priming is still running after %.0f s; the first call goes on beside it", timeout_s)
 
 
 def start(calls: Any, on_cpu: bool = False) -> Primer | None:
