@@ -71,6 +71,14 @@ def test_a_bad_setting_is_a_config_error_not_a_slow_load(stored, monkeypatch):
         precompile.load(key, cache=url)
 
 
+def _conv(padding: int = 0, stride: int = 1, transposed: bool = False) -> dict:
+    """A recorded ``aten.convolution`` call on a 1x1x4x4 input and a 1x1x1x1 weight."""
+    return {"op": "convolution", "overload": "default", "device": "cpu", "kwargs": {},
+            "args": [{"t": [1, 1, 4, 4], "s": [16, 16, 4, 1], "d": "float32"},
+                     {"t": [1, 1, 1, 1], "s": [1, 1, 1, 1], "d": "float32"}, None, {"l": [stride, stride]},
+                     {"l": [padding, 0]}, {"l": [1, 1]}, transposed, {"l": [0, 0]}, 1]}
+
+
 def test_recording_skips_what_draws_random_numbers_and_replays_only_bounded_library_calls():
     q = torch.randn(1, 2, 8, 16)
     with torch.no_grad():
@@ -92,15 +100,13 @@ def test_recording_skips_what_draws_random_numbers_and_replays_only_bounded_libr
                         {"t": [1, 1 << 17], "s": [1 << 17, 1], "d": "float32"}]},  # 1 MiB in, a 64 GiB output
         {"op": "_scaled_dot_product_efficient_attention", "overload": "default", "device": "cpu", "kwargs": {},
          "args": [{"t": [1, 1, 4, 8], "s": [32, 32, 8, 1], "d": "float32"}] * 3 + [None, False, 0.5]},  # dropout
-        {"op": "convolution", "overload": "default", "device": "cpu", "kwargs": {},
-         "args": [{"t": [1, 1, 4, 4], "s": [16, 16, 4, 1], "d": "float32"},
-                  {"t": [1, 1, 1, 1], "s": [1, 1, 1, 1], "d": "float32"}, None, {"l": [1, 1]},
-                  {"l": [1 << 40, 0]}, {"l": [1, 1]}, False, {"l": [0, 0]}, 1]},  # padding past the bounds
+        _conv(padding=1 << 40),  # a number past the bounds
+        _conv(stride=1 << 20, transposed=True),  # a 1-byte input, a 36 TiB output
         "not a call",
     ]
-    checked = prime.check_calls([ok, *hostile])
-    assert len(checked) == 1 and checked[0][0] is torch.ops.aten.mm.default
-    primer = prime.start([ok, *hostile], on_cpu=True)
+    checked = prime.check_calls([ok, _conv(padding=1), *hostile])
+    assert [c[0] for c in checked] == [torch.ops.aten.mm.default, torch.ops.aten.convolution.default]
+    primer = prime.start([ok, _conv(padding=1), *hostile], on_cpu=True)
     primer.wait()
-    assert (primer.done, primer.failed) == (1, 0)
+    assert (primer.done, primer.failed) == (2, 0)
     assert prime.start("garbage", on_cpu=True) is None and prime.start([ok], on_cpu=False) is None

@@ -20,8 +20,8 @@ would draw random numbers (``dropout_p`` not 0) is never recorded or replayed.
 Recorded calls come from a manifest, so they are checked before anything runs (:func:`check_calls`): only
 :data:`LIBRARY_OPS` of ``aten``, known dtypes, at most :data:`MAX_CALLS` calls and :data:`MAX_DIMS` dimensions,
 bounded numbers and lists, and at most :data:`MAX_CALL_BYTES` of inputs and outputs per call, by logical size
-(outputs from a dry run on meta tensors).  The first call waits at most :data:`WAIT_S` seconds.  A call that
-fails is logged at DEBUG and left to the first call: priming never fails a load.
+(outputs by each op's shape rule, :func:`_out_bytes`).  The first call waits at most :data:`WAIT_S` seconds.
+A call that fails is logged at DEBUG and left to the first call: priming never fails a load.
 
 Whether it pays depends on what the worker does between the load and its first request.  On an H100 the
 replayed calls took the wrapper's own first call from 0.32 s to 0.08 s, but when the first call follows the load
@@ -47,9 +47,9 @@ log = logging.getLogger("precompile")
 
 #: aten ops whose first call sets a library up or loads its kernels: the ones recorded and replayed.
 LIBRARY_OPS = frozenset({
-    "mm", "addmm", "bmm", "baddbmm", "_int_mm", "_scaled_mm", "convolution", "_convolution", "cudnn_convolution",
+    "mm", "addmm", "bmm", "baddbmm", "_int_mm", "_scaled_mm", "convolution",
     "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
-    "_scaled_dot_product_cudnn_attention", "_flash_attention_forward", "_efficient_attention_forward",
+    "_scaled_dot_product_cudnn_attention",
 })
 #: Bounds on what a manifest may ask a load to replay: calls, dims of a tensor, bytes of a call's tensors (inputs
 #: and outputs, counted by their logical size), items of a list argument and the magnitude of a number in it.
@@ -173,26 +173,49 @@ def check_calls(calls: Any, device_index: int | None = None) -> list[tuple[Any, 
             plain_args, plain_kwargs = [a for a, _ in args], {k: v for k, (v, _) in kwargs.items()}
             if _draws_random(fn._schema, plain_args, plain_kwargs):
                 raise ValueError("it draws random numbers")
-            _check_outputs(fn, plain_args, plain_kwargs, sum(n for _, n in args) + sum(n for _, n in kwargs.values()))
+            total = sum(n for _, n in args) + sum(n for _, n in kwargs.values()) + _out_bytes(op, plain_args)
+            if total > MAX_CALL_BYTES:
+                raise ValueError(f"inputs and outputs of {total} bytes")
             out.append((fn, plain_args, plain_kwargs))
         except Exception as err:  # noqa: BLE001 - a call that cannot be replayed is left to the first call
             log.debug("recorded library call not replayed: %s: %s", type(err).__name__, err)
     return out
 
 
-def _check_outputs(fn: Any, args: list[Any], kwargs: dict[str, Any], in_bytes: int) -> None:
-    """Run ``fn`` on meta tensors (no memory, no kernel): ValueError if its outputs and inputs together pass
-    :data:`MAX_CALL_BYTES`, or if it has no meta kernel (then it is not replayed)."""
-    def meta(v: Any) -> Any:
-        if isinstance(v, tuple) and v and v[0] == "tensor":
-            return torch.empty_strided(v[1], v[2], dtype=v[3], device="meta")
-        return v
+def _out_bytes(op: str, args: list[Any]) -> int:
+    """Bytes of the outputs of ``op`` on decoded ``args``, from the op's own shape rule (no meta kernel: that
+    would import sympy); ValueError when the arguments are not laid out as the op takes them."""
+    def shape(i: int) -> list[int]:
+        if i >= len(args) or not (isinstance(args[i], tuple) and args[i][0] == "tensor"):
+            raise ValueError(f"argument {i} of {op} is not a tensor")
+        return args[i][1]
 
-    outs = fn(*[meta(a) for a in args], **{k: meta(v) for k, v in kwargs.items()})
-    flat = outs if isinstance(outs, (tuple, list)) else [outs]
-    out_bytes = sum(t.numel() * t.element_size() for t in flat if isinstance(t, torch.Tensor))
-    if in_bytes + out_bytes > MAX_CALL_BYTES:
-        raise ValueError(f"inputs and outputs of {in_bytes + out_bytes} bytes")
+    itemsize = max(4, args[0][3].itemsize) if args and isinstance(args[0], tuple) else 4
+    if op in ("mm", "_int_mm", "_scaled_mm"):
+        numel = shape(0)[0] * shape(1)[-1]
+    elif op == "addmm":
+        numel = shape(1)[0] * shape(2)[-1]
+    elif op == "bmm":
+        numel = math.prod(shape(0)[:2]) * shape(1)[-1]
+    elif op == "baddbmm":
+        numel = math.prod(shape(1)[:2]) * shape(2)[-1]
+    elif op.startswith("_scaled_dot_product_"):  # out [..., L, Ev], logsumexp [..., L] and a few scalars
+        numel = math.prod(shape(0)[:-1]) * (shape(2)[-1] + 1)
+    elif op == "convolution":  # (input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
+        x, w = shape(0), shape(1)
+        stride, padding, dilation, transposed, out_pad, groups = args[3:9]
+        if transposed:
+            channels = w[1] * groups
+            spatial = [(n - 1) * st - 2 * p + d * (k - 1) + op_ + 1
+                       for n, k, st, p, d, op_ in zip(x[2:], w[2:], stride, padding, dilation, out_pad)]
+        else:
+            channels = w[0]
+            spatial = [(n + 2 * p - d * (k - 1) - 1) // st + 1
+                       for n, k, st, p, d in zip(x[2:], w[2:], stride, padding, dilation)]
+        numel = x[0] * channels * math.prod(max(0, n) for n in spatial)
+    else:
+        raise ValueError(f"no output rule for {op}")
+    return numel * itemsize
 
 
 def _materialize(value: Any) -> Any:
