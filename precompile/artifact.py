@@ -42,8 +42,9 @@ class Artifact:
         engine_kind: how the callable was made: ``"compiled"`` (fresh), ``"fast"`` (carried binaries, nothing
             compiled), ``"portable"`` (Inductor's cache entries), or None before the first use.
         cache: the cache it was read from (fast and portable loads are counted there), or None.
-        primer: the library set-up a fast load ran alongside itself (:class:`precompile.inductor.prime.Primer`:
-            what it set up and its ``seconds``), or None when there was nothing to prime.
+        primer: the replay of the graph's library calls a fast load ran beside itself
+            (:class:`precompile.inductor.prime.Primer`: calls ``done`` and ``failed``, its ``seconds``), or None
+            (``PRECOMPILE_PRIME`` off, or nothing to replay).
 
     Raises (on construction):
         ArtifactFormatError: a placeholder spec or the size guards in the manifest are malformed.

@@ -243,12 +243,13 @@ def load_fast(source: str, kernels: dict[str, bytes], *, extern: dict[str, str] 
     written = set(mutated)
     check = [i for i in inputs_to_check if not defers_alignment or i in written]
     no_grad = torch.no_grad
-    pending = [primer] if primer is not None else []
+    pending = {"primer": primer}
 
     def first_call(*args: Any) -> Any:
-        if pending:  # every caller waits until the replay has ended (join is thread-safe), then no one does
-            pending[0].wait()
-            pending.clear()
+        waiting = pending["primer"]
+        if waiting is not None:  # every early caller waits for the replay (join is thread-safe), later ones not
+            waiting.wait()
+            pending["primer"] = None
         return (run_aligned if check else run)(*args)
 
     def run(*args: Any) -> Any:
@@ -270,6 +271,6 @@ def load_fast(source: str, kernels: dict[str, bytes], *, extern: dict[str, str] 
                 original.copy_(copy)
         return out
 
-    if pending:
-        return first_call  # waits for the primer once, then calls the plain function
+    if primer is not None:
+        return first_call  # waits for the primer, then calls the plain function
     return run_aligned if check else run
