@@ -579,10 +579,10 @@ class RedisCache(LeasesMixin, UpkeepMixin, Cache):
             return False
 
     def close(self) -> None:
-        """Send the queued counts (one try), stop the counter sender from using this cache (another open cache of
-        the same server takes over; with none, later counts stay queued in this process, shown by
-        :meth:`counters`), and close the connection pool (and a cluster client's node connections).  Never
-        raises."""
+        """Send the queued counts (one try: at most one socket timeout, none while the breaker is open), stop the
+        counter sender from using this cache (another open cache of the same server takes over; with none, later
+        counts stay queued in this process, shown by :meth:`counters`), and close the connection pool (and a
+        cluster client's node connections).  Never raises."""
         self._sink.flush()
         self._sink.detach(self._send_counts)
         try:

@@ -77,6 +77,7 @@ class CounterSink:
         self.name = name
         self.send: Callable[[dict[str, int]], None] | None = None
         self._senders: list[Callable[[dict[str, int]], None]] = []  # of the open caches, the last registered last
+        self._senders_lock = threading.Lock()  # never held over the network (the _send_lock is, for a timeout)
         self.enabled = True
         self._pending: Counter[str] = Counter()
         self._lock = threading.Lock()
@@ -91,7 +92,7 @@ class CounterSink:
             sink = cls._all.get((server, counters_key))
             if sink is None:
                 sink = cls._all[(server, counters_key)] = cls(f"{server} {counters_key}")
-            with sink._send_lock:
+            with sink._senders_lock:
                 sink._senders.append(send)
                 sink.send = send
             return sink
@@ -99,7 +100,7 @@ class CounterSink:
     def detach(self, send: Callable[[dict[str, int]], None]) -> None:
         """A cache closed: stop sending through ``send``; the sink then sends through another open cache of the
         same server and hash, or (none left) keeps its counts queued in this process."""
-        with self._send_lock:
+        with self._senders_lock:
             self._senders = [s for s in self._senders if s != send]
             self.send = self._senders[-1] if self._senders else None
 
