@@ -47,7 +47,8 @@ def _args(argv=None) -> argparse.Namespace:
     p.add_argument("--calls", type=int, default=20, help="steady calls timed (median reported)")
     p.add_argument("--json-out", default=None, help="also write the rows as JSON to this file")
     p.add_argument("--workdir", default=None, help="keep artifacts here (default: a temp dir)")
-    p.add_argument("--profile", action="store_true", help="print a cProfile of each precompile load and its first call to stderr")
+    p.add_argument("--profile", action="store_true",
+                   help="print a cProfile of each precompile load and its first call to stderr")
     p.add_argument("--phase", default=None, help=argparse.SUPPRESS)
     p.add_argument("--case", default=None, help=argparse.SUPPRESS)
     return p.parse_args(argv)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # GPU verification run for the device machine (torch 2.11 + triton 3.6 there).  Writes logs under $OUT.
-#   bash tools/gpu_session.sh                  everything below (needs .whl/ with the zstandard and redis wheels)
+#   bash tools/gpu_session.sh                  everything below (needs .whl/ with the zstandard, redis, cryptography,
+#                                              cffi and pycparser wheels)
 #   TESTS=1 VLLM=0 COVERAGE=0 BENCH=0 MAIN_JOB=0 TTFO=0 ...  pick parts: the GPU tests, the vLLM adaptor round
 #                                              trip, tools/bench_coverage.py (CASES=a,b for a subset, PROFILE=1), the
 #                                              Llama load benchmark, the main job, time to first output
