@@ -27,20 +27,15 @@ MISS
 from __future__ import annotations
 
 import contextlib
-import errno
-import json
 import logging
 import os
 import threading
-import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import ClassVar
-from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
-import filelock
 import zstandard
 
 from cache_backends.base import (
@@ -48,88 +43,31 @@ from cache_backends.base import (
     MISS,
     Cache,
     _Miss,
-    add_counts,
     check_name,
     decompress_frame,
     digest_bytes,
-    ordered_counters,
 )
-from cache_backends.local_upkeep import EVICT_TARGET_FRACTION, SIZE_RESCAN_S, STALE_TEMP_S, LocalUpkeepMixin  # noqa: F401
-from cache_backends.options import parse_bool, parse_level, parse_positive_int, parse_seconds
+from cache_backends.local_counters import STATS_LOCK_TIMEOUT_S, LocalCountersMixin  # noqa: F401
+from cache_backends.local_files import READ_ONLY_ERRNOS, LocalFilesMixin
+from cache_backends.local_upkeep import (  # noqa: F401 - manifest_blob_digests, the constants: re-exported
+    EVICT_TARGET_FRACTION, SIZE_RESCAN_S, STALE_TEMP_S, LocalUpkeepMixin, manifest_blob_digests)
+from cache_backends.local_url import make_file_url, parse_file_url
 from precompile import config
-from precompile.errors import CacheError, CacheReadOnlyError, CacheUnavailableError, CacheURLError
+from precompile.errors import CacheError, CacheUnavailableError, CacheURLError
 
 __all__ = ["LocalCache", "manifest_blob_digests"]
 
 log = logging.getLogger("precompile.cache")
 
 
-#: errno values that mean "this directory cannot be written by us": the cache turns read-only.
-_READ_ONLY_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})
-#: errno values that mean "no space": reported as unavailable storage.
-_FULL_ERRNOS = frozenset({errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)})
-
 #: Default zstd level for blobs at rest.
 DEFAULT_LEVEL = 3
 #: Default age, in seconds, below which an unreferenced blob is never evicted (a writer's ref may not be set yet).
 DEFAULT_GRACE_S = 60.0
-#: Seconds ``incr`` waits for the stats lock before keeping the counts in memory.
-STATS_LOCK_TIMEOUT_S = 10.0
 _MAX_READ_THREADS = 8
 
 
-def manifest_blob_digests(manifest: bytes) -> list[str]:
-    """Digests a manifest keeps alive: the keys of its top-level ``"blobs"`` object, plus (conservatively) every
-    other 64-hex string found anywhere in the JSON, plus the manifest's own digest.
-
-    Keeping a blob that is not really referenced only costs space; dropping one that is breaks an artifact, so
-    the scan errs on the side of keeping.  Replace :attr:`LocalCache.referenced_digests` for another schema.
-
-    Raises:
-        ValueError: ``manifest`` is not UTF-8 JSON (the evictor then keeps only the manifest itself).
-    """
-    doc = json.loads(manifest)
-    found: list[str] = [digest_bytes(manifest)]
-    if isinstance(doc, dict) and isinstance(doc.get("blobs"), dict):
-        found.extend(d for d in doc["blobs"] if isinstance(d, str))
-    stack: list[object] = [doc]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, dict):
-            for k, v in item.items():
-                if isinstance(k, str) and HEX64.match(k):
-                    found.append(k)
-                stack.append(v)
-        elif isinstance(item, list):
-            stack.extend(item)
-        elif isinstance(item, str) and HEX64.match(item):
-            found.append(item)
-    return found
-
-
-_warned_roots: set[tuple[Path, str]] = set()
-_warned_lock = threading.Lock()
-
-
-def _warn_once_per_root(root: Path, kind: str, message: str) -> None:
-    """Log a warning about the state of a cache directory once per process (later ones at debug level): callers
-    open a new :class:`LocalCache` per URL, and a read-only directory must not warn on every compile."""
-    with _warned_lock:
-        first = (root, kind) not in _warned_roots
-        _warned_roots.add((root, kind))
-    log.log(logging.WARNING if first else logging.DEBUG, "%s", message)
-
-
-#: Query options of a ``file://`` URL and their parsers.
-_URL_OPTIONS: dict[str, Callable[[str, str], object]] = {
-    "max_bytes": parse_positive_int,
-    "read_only": parse_bool,
-    "grace_s": parse_seconds,
-    "level": parse_level,
-}
-
-
-class LocalCache(LocalUpkeepMixin, Cache):
+class LocalCache(LocalUpkeepMixin, LocalCountersMixin, LocalFilesMixin, Cache):
     """A blob store + ref table + counters in one directory; many processes may share it.
 
     Args:
@@ -202,7 +140,7 @@ class LocalCache(LocalUpkeepMixin, Cache):
                 for d in (self._blob_dir, self._ref_dir, self._lock_dir, self._tmp_dir):
                     d.mkdir(parents=True, exist_ok=True)
             except OSError as err:
-                if err.errno not in _READ_ONLY_ERRNOS:
+                if err.errno not in READ_ONLY_ERRNOS:
                     raise CacheUnavailableError(f"cannot create cache directory {self.root}: {err}") from err
                 self._turn_read_only(err)
 
@@ -219,35 +157,7 @@ class LocalCache(LocalUpkeepMixin, Cache):
                 is unknown or malformed, or the URL has a fragment.
             CacheUnavailableError: as the constructor.
         """
-        if not isinstance(url, str):
-            raise CacheURLError(f"a cache URL must be a string such as 'file:///var/cache/precompile', got {url!r}")
-        parts = urlsplit(url.strip())
-        if parts.scheme.lower() != "file":
-            raise CacheURLError(f"LocalCache opens file:// URLs only, got {url!r}")
-        if parts.netloc not in ("", "localhost"):
-            raise CacheURLError(
-                f"file URL {url!r} names host {parts.netloc!r}; a local cache URL needs an absolute path and three "
-                f"slashes, e.g. 'file:///{parts.netloc}{parts.path}'"
-            )
-        if parts.fragment:
-            raise CacheURLError(f"file URL {url!r} has a fragment (#...); a cache URL takes none")
-        path = unquote(parts.path)
-        if not path or not os.path.isabs(path):
-            raise CacheURLError(
-                f"file URL {url!r} needs an absolute directory path, e.g. 'file:///var/cache/precompile'"
-            )
-        try:
-            options = parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
-        except ValueError as err:
-            raise CacheURLError(f"malformed query in cache URL {url!r}: {err}") from err
-        kwargs: dict[str, object] = {}
-        for name, raw in options:
-            parse = _URL_OPTIONS.get(name)
-            if parse is None:
-                raise CacheURLError(f"unknown option {name!r} in cache URL {url!r}; known: {', '.join(_URL_OPTIONS)}")
-            if name in kwargs:
-                raise CacheURLError(f"option {name!r} given twice in cache URL {url!r}")
-            kwargs[name] = parse(name, raw)
+        path, kwargs = parse_file_url(url)
         try:
             return cls(path, **kwargs, create=create)  # type: ignore[arg-type]
         except ValueError as err:
@@ -256,17 +166,16 @@ class LocalCache(LocalUpkeepMixin, Cache):
             raise CacheURLError(f"invalid cache URL {url!r}: {err}") from err
 
     def _make_url(self) -> str:
-        url = "file://" + quote(self.root.as_posix(), safe="/")
-        opts = []
+        opts: dict[str, object] = {}
         if self._max_bytes_given:
-            opts.append(f"max_bytes={self.max_bytes}")
+            opts["max_bytes"] = self.max_bytes
         if self._configured_read_only:
-            opts.append("read_only=1")
+            opts["read_only"] = 1
         if self.grace_s != DEFAULT_GRACE_S:
-            opts.append(f"grace_s={self.grace_s!r}")
+            opts["grace_s"] = repr(self.grace_s)
         if self.level != DEFAULT_LEVEL:
-            opts.append(f"level={self.level}")
-        return url + ("?" + "&".join(opts) if opts else "")
+            opts["level"] = self.level
+        return make_file_url(self.root.as_posix(), opts)
 
     # ------------------------------------------------------------------------------------------------ paths
     def _blob_path(self, digest: str) -> Path:
@@ -274,103 +183,6 @@ class LocalCache(LocalUpkeepMixin, Cache):
 
     def _ref_path(self, key: str) -> Path:
         return self._ref_dir / key
-
-    # ----------------------------------------------------------------------------------------- write helpers
-    def _turn_read_only(self, err: OSError) -> None:
-        if not self.read_only:
-            self.read_only = True
-            self._read_only_reason = f"it is not writable ({err.strerror or err})"
-            _warn_once_per_root(self.root, "read-only", self._read_only_message())
-
-    def _read_only_message(self) -> str:
-        return (
-            f"cache directory {self.root} is read-only: {self._read_only_reason}; "
-            "compile still works; nothing will be cached here"
-        )
-
-    def _check_writable(self) -> None:
-        if self.read_only:
-            raise CacheReadOnlyError(self._read_only_message())
-
-    def _write_error(self, err: OSError, what: str) -> CacheError:
-        """The CacheError to raise (``from err``) for a failed write of ``what``."""
-        if err.errno in _READ_ONLY_ERRNOS:
-            self._turn_read_only(err)
-            return CacheReadOnlyError(self._read_only_message())
-        if err.errno in _FULL_ERRNOS:
-            return CacheUnavailableError(f"no space left to write {what} under {self.root} ({err.strerror})")
-        return CacheUnavailableError(f"could not write {what} under {self.root}: {err}")
-
-    @staticmethod
-    def _write_atomic(path: Path, data: bytes, *, fsync: bool = True) -> None:
-        """Write ``data`` to ``path`` via ``<name>.<uuid>.incomplete`` + fsync + os.replace.
-
-        Raises:
-            OSError: as raised by the file system; no file is left under ``path``'s name or the temp name.
-        """
-        tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex}.incomplete")
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-        except FileNotFoundError:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                if fsync:
-                    os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-
-    def _remove_unless(self, path: Path, changed: Callable[[os.stat_result], bool]) -> bool:
-        """Remove ``path`` unless ``changed(stat)`` says the file under that name is no longer the one planned.
-
-        The file is first renamed into ``tmp/`` (atomic), then checked; a changed file is put back unless a newer
-        one took its name meanwhile.  Returns True if a file was removed.  Raises OSError from the rename (other
-        than the file being gone already).
-        """
-        quarantine = self._tmp_dir / f"{path.name}.{uuid.uuid4().hex}.removing"
-        try:
-            os.rename(path, quarantine)
-        except FileNotFoundError:
-            if not path.exists():
-                return False  # already gone
-            self._tmp_dir.mkdir(parents=True, exist_ok=True)  # tmp/ was missing
-            try:
-                os.rename(path, quarantine)
-            except FileNotFoundError:
-                return False
-        try:
-            keep = changed(os.stat(quarantine))
-        except OSError:
-            keep = True
-        if keep:
-            try:
-                os.link(quarantine, path)
-            except FileExistsError:
-                pass
-            except OSError:
-                if not path.exists():
-                    with contextlib.suppress(OSError):
-                        os.rename(quarantine, path)
-        with contextlib.suppress(OSError):
-            os.unlink(quarantine)
-        return not keep
-
-    def _drop_bad_blob(self, digest: str, path: Path, st: os.stat_result | None, why: str) -> None:
-        action = "left in place (read-only cache)" if self.read_only else "dropped"
-        log.warning("cache blob %s under %s is corrupt (%s); %s, treated as a miss", digest, self.root, why, action)
-        if self.read_only:
-            return
-        ident = (st.st_dev, st.st_ino) if st is not None else None
-        try:
-            self._remove_unless(path, lambda s: ident is not None and (s.st_dev, s.st_ino) != ident)
-        except OSError as err:
-            log.warning("could not remove corrupt cache blob %s: %s", path, err)
 
     # ------------------------------------------------------------------------------------------------ blobs
     def _read_blob(self, digest: str) -> tuple[bytes | _Miss, int, int]:
@@ -546,30 +358,6 @@ class LocalCache(LocalUpkeepMixin, Cache):
             raise self._write_error(err, f"ref {key}") from err
         return True
 
-    def _scan_refs(self) -> list[tuple[str, str, os.stat_result]]:
-        """``[(key, digest, stat)]`` of every well-formed ref file now on disk."""
-        out = []
-        try:
-            entries = list(os.scandir(self._ref_dir))
-        except FileNotFoundError:
-            return out
-        except OSError as err:
-            raise CacheUnavailableError(f"could not list refs under {self.root}: {err}") from err
-        for entry in entries:
-            if not HEX64.match(entry.name):
-                continue
-            try:
-                with open(entry.path, "rb") as f:
-                    st = os.fstat(f.fileno())
-                    digest = f.read(256).decode("ascii", "replace").strip()
-            except FileNotFoundError:
-                continue
-            except OSError as err:
-                raise CacheUnavailableError(f"could not read ref {entry.name} under {self.root}: {err}") from err
-            if HEX64.match(digest):
-                out.append((entry.name, digest, st))
-        return out
-
     def iter_refs(self) -> Iterator[tuple[str, str]]:
         """Yield ``(key, digest)`` for every well-formed ref, in no particular order.
 
@@ -578,68 +366,6 @@ class LocalCache(LocalUpkeepMixin, Cache):
         """
         for key, digest, _ in self._scan_refs():
             yield key, digest
-
-    # --------------------------------------------------------------------------------------------- counters
-    def _read_stats(self) -> dict[str, int]:
-        try:
-            raw = self._stats_path.read_bytes()
-        except FileNotFoundError:
-            return {}
-        try:
-            doc = json.loads(raw)
-            return {str(k): int(v) for k, v in doc.items() if isinstance(v, int)}
-        except (ValueError, AttributeError, RecursionError) as err:
-            log.warning("cache counters in %s do not parse (%s); starting them from zero", self._stats_path, err)
-            return {}
-
-    def _count(self, **counts: int) -> None:
-        if any(counts.values()):
-            self.incr(**counts)
-
-    def incr(self, **counts: int) -> None:
-        """Add to named counters, e.g. ``incr(hits=1, bytes_read=123)``; values are integers (bytes for
-        ``bytes_*``).  Persisted in ``stats.json`` by a read-modify-write under ``locks/stats.lock``.
-
-        Never raises: when the counts cannot be persisted (read-only cache, lock timeout after
-        ``STATS_LOCK_TIMEOUT_S`` seconds, write error) they are kept in memory, added to :meth:`counters`, retried
-        on the next call, and the first failure is logged once per instance.
-
-        The backend counts ``puts``, ``bytes_read``, ``bytes_written``, ``errors`` and ``evictions`` itself;
-        ``hits``, ``misses`` and ``builds`` are counted by the artifact layer.
-        """
-        with self._pending_lock:
-            add_counts(self._pending, counts)
-            if self._configured_read_only or not self._pending:
-                return
-            try:
-                self._lock_dir.mkdir(parents=True, exist_ok=True)
-                lock = filelock.FileLock(str(self._lock_dir / "stats.lock"), timeout=STATS_LOCK_TIMEOUT_S)
-                with lock:
-                    current = Counter(self._read_stats())
-                    current.update(self._pending)
-                    doc = ordered_counters(current)
-                    # atomic but not fsynced: counters are not worth an fsync per call; a file a crash left
-                    # empty reads as zeros (with a warning), it never breaks the cache
-                    self._write_atomic(self._stats_path, json.dumps(doc, indent=1).encode(), fsync=False)
-                self._pending.clear()
-            except Exception as err:  # incr never raises
-                if not self._warned_stats:
-                    self._warned_stats = True
-                    _warn_once_per_root(
-                        self.root, "counters",
-                        f"cannot persist cache counters in {self.root} ({err}); keeping them in this process only",
-                    )
-
-    def counters(self) -> dict[str, int]:
-        """Every counter in :data:`COUNTERS` (plus any other name ever incremented): persisted + pending in
-        memory.  Never raises (an unreadable ``stats.json`` counts as empty)."""
-        try:
-            stored = Counter(self._read_stats())
-        except OSError:
-            stored = Counter()
-        with self._pending_lock:
-            stored.update(self._pending)
-        return ordered_counters(stored)
 
     def stats(self) -> dict[str, object]:
         """Counters, ``hit_rate`` (0..1), ``url``, ``backend``, ``root``, ``bytes_stored`` (compressed bytes in

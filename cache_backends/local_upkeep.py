@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import json
 import logging
 import os
 import re
@@ -32,6 +33,35 @@ EVICT_TARGET_FRACTION = 0.9
 STALE_TEMP_S = 3600.0
 #: Seconds between two full scans of blob/ to decide whether to evict (own writes are added in between).
 SIZE_RESCAN_S = 10.0
+
+
+def manifest_blob_digests(manifest: bytes) -> list[str]:
+    """Digests a manifest keeps alive: the keys of its top-level ``"blobs"`` object, plus (conservatively) every
+    other 64-hex string found anywhere in the JSON, plus the manifest's own digest.
+
+    Keeping a blob that is not really referenced only costs space; dropping one that is breaks an artifact, so
+    the scan errs on the side of keeping.  Replace :attr:`LocalCache.referenced_digests` for another schema.
+
+    Raises:
+        ValueError: ``manifest`` is not UTF-8 JSON (the evictor then keeps only the manifest itself).
+    """
+    doc = json.loads(manifest)
+    found: list[str] = [digest_bytes(manifest)]
+    if isinstance(doc, dict) and isinstance(doc.get("blobs"), dict):
+        found.extend(d for d in doc["blobs"] if isinstance(d, str))
+    stack: list[object] = [doc]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            for k, v in item.items():
+                if isinstance(k, str) and HEX64.match(k):
+                    found.append(k)
+                stack.append(v)
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, str) and HEX64.match(item):
+            found.append(item)
+    return found
 
 
 class LocalUpkeepMixin:
@@ -303,24 +333,7 @@ class LocalUpkeepMixin:
         Raises:
             CacheUnavailableError: ``ref/`` cannot be listed.
         """
-        try:
-            entries = sorted(e.path for e in os.scandir(self._ref_dir) if HEX64.match(e.name))
-        except FileNotFoundError:
-            return []
-        except OSError as err:
-            raise CacheUnavailableError(f"could not list refs under {self.root}: {err}") from err
-        out = []
-        for path in entries:
-            try:
-                with open(path, "rb") as f:
-                    st = os.fstat(f.fileno())
-                    text = f.read(256).decode("ascii", "replace").strip()
-            except FileNotFoundError:
-                continue
-            except OSError as err:
-                raise CacheUnavailableError(f"could not read ref {path}: {err}") from err
-            out.append(StoredRef(os.path.basename(path), text, st.st_mtime))
-        return out
+        return [StoredRef(key, text, st.st_mtime) for key, text, st in self._ref_files()]
 
     def check_blob(self, digest: str) -> tuple[int | None, str | None]:
         """Re-hash blob ``digest`` without dropping it: ``(uncompressed bytes, None)`` or ``(None, why)``.
@@ -350,11 +363,7 @@ class LocalUpkeepMixin:
             CacheReadOnlyError: the cache is read-only.
             CacheUnavailableError: the file could not be moved away.
         """
-        self._check_writable()
-        try:
-            return self._remove_unless(self._blob_path(blob.digest), lambda s: s.st_mtime != blob.last_used)
-        except OSError as err:
-            raise self._write_error(err, f"blob {blob.digest}") from err
+        return self._drop_listed(self._blob_path(blob.digest), blob.last_used, f"blob {blob.digest}")
 
     def drop_ref(self, ref: StoredRef) -> bool:
         """Delete a listed ref unless it was read (a hit refreshes its mtime) or replaced since.
@@ -363,10 +372,11 @@ class LocalUpkeepMixin:
             CacheReadOnlyError: the cache is read-only.
             CacheUnavailableError: the file could not be moved away.
         """
+        return self._drop_listed(self._ref_path(check_name(ref.key, "artifact key")), ref.last_used, f"ref {ref.key}")
+
+    def _drop_listed(self, path: Path, last_used: float, what: str) -> bool:
         self._check_writable()
         try:
-            return self._remove_unless(self._ref_path(check_name(ref.key, "artifact key")),
-                                       lambda s: s.st_mtime != ref.last_used)
+            return self._remove_unless(path, lambda s: s.st_mtime != last_used)
         except OSError as err:
-            raise self._write_error(err, f"ref {ref.key}") from err
-
+            raise self._write_error(err, what) from err

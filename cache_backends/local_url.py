@@ -1,0 +1,66 @@
+"""``file://`` cache URLs: parsing them into a directory and options, and writing them back."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from urllib.parse import parse_qsl, quote, unquote, urlsplit
+
+from cache_backends.options import parse_bool, parse_level, parse_positive_int, parse_seconds
+from precompile.errors import CacheURLError
+
+#: Query options of a ``file://`` URL and their parsers.
+URL_OPTIONS: dict[str, Callable[[str, str], object]] = {
+    "max_bytes": parse_positive_int,
+    "read_only": parse_bool,
+    "grace_s": parse_seconds,
+    "level": parse_level,
+}
+
+
+def parse_file_url(url: str) -> tuple[str, dict[str, object]]:
+    """``(absolute directory, {option: value})`` of ``file:///abs/dir[?max_bytes=N&read_only=1&grace_s=S&level=L]``.
+
+    The path is percent-decoded; ``max_bytes`` is in bytes, ``grace_s`` in seconds, ``read_only`` takes
+    1/0/true/false.
+
+    Raises:
+        CacheURLError: the scheme is not ``file``, the URL names a host, the path is not absolute, an option is
+            unknown, given twice or malformed, or the URL has a fragment.
+    """
+    if not isinstance(url, str):
+        raise CacheURLError(f"a cache URL must be a string such as 'file:///var/cache/precompile', got {url!r}")
+    parts = urlsplit(url.strip())
+    if parts.scheme.lower() != "file":
+        raise CacheURLError(f"LocalCache opens file:// URLs only, got {url!r}")
+    if parts.netloc not in ("", "localhost"):
+        raise CacheURLError(
+            f"file URL {url!r} names host {parts.netloc!r}; a local cache URL needs an absolute path and three "
+            f"slashes, e.g. 'file:///{parts.netloc}{parts.path}'"
+        )
+    if parts.fragment:
+        raise CacheURLError(f"file URL {url!r} has a fragment (#...); a cache URL takes none")
+    path = unquote(parts.path)
+    if not path or not os.path.isabs(path):
+        raise CacheURLError(
+            f"file URL {url!r} needs an absolute directory path, e.g. 'file:///var/cache/precompile'"
+        )
+    try:
+        options = parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
+    except ValueError as err:
+        raise CacheURLError(f"malformed query in cache URL {url!r}: {err}") from err
+    kwargs: dict[str, object] = {}
+    for name, raw in options:
+        parse = URL_OPTIONS.get(name)
+        if parse is None:
+            raise CacheURLError(f"unknown option {name!r} in cache URL {url!r}; known: {', '.join(URL_OPTIONS)}")
+        if name in kwargs:
+            raise CacheURLError(f"option {name!r} given twice in cache URL {url!r}")
+        kwargs[name] = parse(name, raw)
+    return path, kwargs
+
+
+def make_file_url(root: str, options: dict[str, object]) -> str:
+    """The ``file://`` URL of directory ``root`` with ``options`` (``{name: value}``, in order) as its query."""
+    url = "file://" + quote(root, safe="/")
+    return url + ("?" + "&".join(f"{k}={v}" for k, v in options.items()) if options else "")
