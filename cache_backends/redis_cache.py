@@ -35,7 +35,8 @@ as chunks exist (a garbled head claiming four billion chunks costs one round tri
 list), and a frame never decompresses past its stored length times zstd's largest ratio.
 
 The URL and its options are parsed in :mod:`cache_backends.redis_url`, the stored head and chunk format in
-:mod:`cache_backends.redis_codec`, build leases in :mod:`cache_backends.redis_leases`.
+:mod:`cache_backends.redis_codec`; blobs are read and written in :mod:`cache_backends.redis_blobs`, counters in
+:mod:`cache_backends.redis_counters`, build leases in :mod:`cache_backends.redis_leases`.
 """
 
 from __future__ import annotations
@@ -43,16 +44,15 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import redis.exceptions as rex
-import zstandard
 
-from cache_backends import redis_codec as codec
-from cache_backends.base import HEX64, MISS, Cache, _Miss, add_counts, check_name, digest_bytes, ordered_counters
-from cache_backends.redis_codec import PIPELINE_BYTES, RAW_IF_SAVING_BELOW
+from cache_backends.base import HEX64, MISS, Cache, _Miss, check_name
+from cache_backends.redis_blobs import BlobsMixin
+from cache_backends.redis_counters import CountersMixin
 from cache_backends.redis_health import Breaker, CounterSink, server_key
 from cache_backends.redis_leases import RELEASE_LUA, RENEW_LUA, LeasesMixin
 from cache_backends.redis_upkeep import UpkeepMixin
@@ -69,11 +69,9 @@ log = logging.getLogger("precompile.cache")
 DEFAULT_CHUNK_BYTES = 4 << 20
 #: Default seconds a build lease lives unless renewed (renewed every third of it while the build runs).
 DEFAULT_LEASE_TTL_S = 30.0
-#: Chunk keys per pipeline when deleting or refreshing a blob's chunks.
-CHUNK_BATCH = 256
 #: Default seconds the cache fails fast after the server was found unavailable.
 DEFAULT_DOWN_S = 10.0
-class RedisCache(LeasesMixin, UpkeepMixin, Cache):
+class RedisCache(BlobsMixin, CountersMixin, LeasesMixin, UpkeepMixin, Cache):
     """Blobs, refs, leases and counters in one Redis database or Redis Cluster.
 
     Open it with :func:`cache_backends.open_cache` and a URL::
@@ -190,7 +188,8 @@ class RedisCache(LeasesMixin, UpkeepMixin, Cache):
                                         "the user and password in the cache URL") from err
         except _DOWN_ERRORS as err:
             self._trip(f"{type(err).__name__}: {err}")
-            raise CacheUnavailableError(f"Redis at {self.url} failed while {what}: {type(err).__name__}: {err}") from err
+            raise CacheUnavailableError(
+                f"Redis at {self.url} failed while {what}: {type(err).__name__}: {err}") from err
         except rex.RedisError as err:  # OOM, READONLY replica, busy script...: this call fails, the server is up
             raise CacheUnavailableError(f"Redis at {self.url} refused {what}: {type(err).__name__}: {err}") from err
 
@@ -212,208 +211,6 @@ class RedisCache(LeasesMixin, UpkeepMixin, Cache):
     def _read_only_message(self, what: str) -> str:
         why = "it was opened with read_only=1" if self._configured_read_only else "its user may not write"
         return f"cannot {what}: Redis cache {self.url} is read-only ({why})"
-
-    # ------------------------------------------------------------------------------------------------ blobs
-    def _drop(self, digests: list[str], heads: dict[str, bytes | None]) -> None:
-        """Delete corrupt or partial blobs (head and chunks), best effort; never in read-only mode."""
-        if self.read_only or not digests:
-            return
-        try:
-            with self._talk("dropping a corrupt blob", write=True):
-                pipe = self.client.pipeline(transaction=False)
-                for d in digests:
-                    pipe.delete(self._head_key(d))
-                pipe.execute()
-                for d in digests:
-                    self._each_chunk(d, self._chunk_count(heads.get(d)) or 0, lambda p, k: p.delete(k))
-        except CacheError as err:
-            log.debug("could not drop corrupt blobs from %s: %s", self.url, err)
-
-    def _each_chunk(self, digest: str, count: int, command: Callable[[Any, str], object]) -> None:
-        """Run ``command(pipeline, chunk key)`` on chunks ``0..count-1`` of a blob, in pipelined batches of
-        :data:`CHUNK_BATCH`, stopping after a batch in which no chunk existed (the command answered 0 for every
-        key: DEL, PEXPIRE), so that a garbled head's count costs at most one batch more than the real chunks.
-        Call inside :meth:`_talk`."""
-        for start in range(0, count, CHUNK_BATCH):
-            pipe = self.client.pipeline(transaction=False)
-            for i in range(start, min(count, start + CHUNK_BATCH)):
-                command(pipe, self._chunk_key(digest, i))
-            if not any(pipe.execute()):
-                return
-
-    @staticmethod
-    def _chunk_count(head: bytes | None) -> int | None:
-        parsed = codec.parse_chunked(head)
-        return None if parsed is None else parsed.count
-
-    def get_blob(self, digest: str) -> bytes | _Miss:
-        """Bytes of blob ``digest`` (verified), or :data:`MISS`.  A corrupt or partial copy is dropped, counted
-        under ``errors`` and reported as :data:`MISS`.
-
-        Raises:
-            ValueError: ``digest`` is not 64 lowercase hex characters.
-            CacheUnavailableError: Redis cannot be reached, timed out or refused the read.
-        """
-        return self.get_blobs([digest])[check_name(digest)]
-
-    def get_blobs(self, digests: list[str]) -> dict[str, bytes | _Miss]:
-        """``{digest: bytes or MISS}``: heads in one pipelined round trip, then chunks in pipelined batches of
-        about :data:`PIPELINE_BYTES`.  With a TTL, every key read is refreshed in the same pipelines.
-        Counts ``bytes_read`` (compressed bytes) and ``errors``.
-
-        Raises:
-            ValueError: a digest is not 64 lowercase hex characters (checked before anything is read).
-            CacheUnavailableError: Redis cannot be reached, timed out or refused the read.
-        """
-        unique = list(dict.fromkeys(check_name(d) for d in digests))
-        out: dict[str, bytes | _Miss] = dict.fromkeys(unique, MISS)
-        if not unique:
-            return out
-        refresh = self.ttl_s is not None and not self.read_only
-        with self._talk(f"reading {len(unique)} blob(s)"):
-            pipe = self.client.pipeline(transaction=False)
-            for d in unique:
-                pipe.get(self._head_key(d))
-                if refresh:
-                    pipe.pexpire(self._head_key(d), int(self.ttl_s * 1000))
-            replies = pipe.execute()
-        heads: dict[str, bytes | None] = dict(zip(unique, replies[:: 2 if refresh else 1]))
-        bad: list[str] = []
-        nread = 0
-        chunked: list[tuple[str, codec.ChunkedHead]] = []
-        for d, head in heads.items():
-            if head is None:
-                continue
-            nread += len(head)
-            if codec.head_kind(head) in (codec.INLINE_ZSTD, codec.INLINE_RAW):
-                data, why = codec.decode_inline(d, head)
-                if data is None:
-                    log.warning("Redis blob %s in %s %s; dropping it", d[:12], self.url, why)
-                    bad.append(d)
-                else:
-                    out[d] = data
-                continue
-            parsed = codec.parse_chunked(head)
-            if parsed is None:
-                log.warning("Redis blob %s in %s has a garbled head; dropping it", d[:12], self.url)
-                bad.append(d)
-                continue
-            chunked.append((d, parsed))
-        for d, parsed in chunked:
-            data, why = codec.read_chunked(d, parsed, self.chunk_bytes,
-                                           lambda indices, d=d: self._fetch_chunks(d, indices, refresh))
-            if data is None:
-                log.warning("Redis blob %s in %s %s; dropping it", d[:12], self.url, why)
-                bad.append(d)
-            else:
-                out[d] = data
-                nread += parsed.total
-        self._drop(bad, heads)
-        self._count(bytes_read=nread, errors=len(bad))
-        return out
-
-    def _fetch_chunks(self, digest: str, indices: range, refresh: bool) -> list[bytes | None]:
-        """Chunks ``indices`` of a blob in one pipelined round trip (with a TTL, refreshed in the same trip)."""
-        with self._talk(f"reading blob {digest[:12]}"):
-            pipe = self.client.pipeline(transaction=False)
-            for i in indices:
-                pipe.get(self._chunk_key(digest, i))
-                if refresh:
-                    pipe.pexpire(self._chunk_key(digest, i), int(self.ttl_s * 1000))  # type: ignore[operator]
-            return pipe.execute()[:: 2 if refresh else 1]
-
-    def has_blob(self, digest: str) -> bool:
-        """True if blob ``digest``'s head exists (not verified; one EXISTS).
-
-        Raises:
-            ValueError: ``digest`` is not 64 lowercase hex characters.
-            CacheUnavailableError: Redis cannot be reached.
-        """
-        with self._talk("checking a blob"):
-            return bool(self.client.exists(self._head_key(check_name(digest))))
-
-    def has_blobs(self, digests: list[str]) -> dict[str, bool]:
-        """``{digest: exists}`` in one pipelined round trip (EXISTS, or with a TTL PEXPIRE, which refreshes what
-        exists), plus one more to refresh the chunks of chunked blobs, so that a hit keeps every part of an
-        artifact alive, not only the parts a load reads.
-
-        Raises:
-            ValueError: a digest is not 64 lowercase hex characters.
-            CacheUnavailableError: Redis cannot be reached.
-        """
-        unique = list(dict.fromkeys(check_name(d) for d in digests))
-        if not unique:
-            return {}
-        refresh = self.ttl_s is not None and not self.read_only
-        with self._talk(f"checking {len(unique)} blob(s)"):
-            pipe = self.client.pipeline(transaction=False)
-            for d in unique:
-                if refresh:
-                    pipe.pexpire(self._head_key(d), int(self.ttl_s * 1000))  # type: ignore[operator]
-                    pipe.getrange(self._head_key(d), 0, codec.CHUNKED_HEAD_BYTES)
-                else:
-                    pipe.exists(self._head_key(d))
-            replies = pipe.execute()
-            if not refresh:
-                return {d: bool(r) for d, r in zip(unique, replies)}
-            found = {d: bool(r) for d, r in zip(unique, replies[::2])}
-            ms = int(self.ttl_s * 1000)  # type: ignore[operator]
-            for d, head in zip(unique, replies[1::2]):
-                self._each_chunk(d, self._chunk_count(head) or 0, lambda p, k: p.pexpire(k, ms))
-        return found
-
-    def put_blob(self, data: bytes, digest: str | None = None) -> str:
-        """Store ``data`` zstd-compressed, or raw where zstd saves less than 3% (idempotent); return its digest.
-
-        An existing blob is not rewritten (with a TTL, its expiry is refreshed).  A frame longer than
-        ``chunk_size`` bytes is written as chunks in pipelined batches, then its head, so a reader never sees a
-        head without its chunks (unless the server evicted them: then the read is a miss).  Counts ``puts``
-        and ``bytes_written`` for new blobs.
-
-        Raises:
-            ValueError: ``digest`` is given and does not match ``data``.
-            CacheReadOnlyError: the cache is read-only, or its user may not write.
-            CacheUnavailableError: Redis cannot be reached, timed out, or refused the write (e.g. OOM).
-        """
-        actual = digest_bytes(data)
-        if digest is not None and check_name(digest) != actual:
-            raise ValueError(f"put_blob: digest {digest} given, but the data hashes to {actual}")
-        head_key = self._head_key(actual)
-        with self._talk(f"writing blob {actual[:12]}", write=True):
-            if self.ttl_s is None:
-                exists = self.client.exists(head_key)
-            else:  # refresh an existing blob's TTL; PEXPIRE answers 0 for a missing key
-                exists = self.client.pexpire(head_key, int(self.ttl_s * 1000))
-                if exists:
-                    self._refresh_chunks(actual)
-            if exists:
-                return actual
-            threads = -1 if len(data) > (8 << 20) else 0
-            frame = zstandard.ZstdCompressor(level=self.level, threads=threads).compress(bytes(data))
-            raw = len(frame) > len(data) * (1 - RAW_IF_SAVING_BELOW)
-            if raw:
-                frame = bytes(data)
-            px = int(self.ttl_s * 1000) if self.ttl_s is not None else None
-            if len(frame) <= self.chunk_bytes:
-                self.client.set(head_key, codec.inline_head(frame, raw), px=px)
-            else:
-                view = memoryview(frame)
-                count = -(-len(frame) // self.chunk_bytes)
-                per_batch = max(1, PIPELINE_BYTES // self.chunk_bytes)
-                for start in range(0, count, per_batch):
-                    pipe = self.client.pipeline(transaction=False)
-                    for i in range(start, min(count, start + per_batch)):
-                        chunk = view[i * self.chunk_bytes:(i + 1) * self.chunk_bytes]
-                        pipe.set(self._chunk_key(actual, i), bytes(chunk), px=px)
-                    pipe.execute()
-                self.client.set(head_key, codec.chunked_head(count, len(frame), raw), px=px)
-        self._count(puts=1, bytes_written=len(frame))
-        return actual
-
-    def _refresh_chunks(self, digest: str) -> None:
-        head = self.client.get(self._head_key(digest))
-        ms = int(self.ttl_s * 1000)  # type: ignore[operator]
-        self._each_chunk(digest, self._chunk_count(head) or 0, lambda p, k: p.pexpire(k, ms))
 
     # ------------------------------------------------------------------------------------------------- refs
     def get_ref(self, key: str) -> str | _Miss:
@@ -479,16 +276,8 @@ class RedisCache(LeasesMixin, UpkeepMixin, Cache):
         Raises:
             CacheUnavailableError: Redis cannot be reached.
         """
-        pattern = f"{self.prefix}:ref:*"
         with self._talk("listing refs"):
-            if self.cluster:
-                names: list[bytes] = []
-                for node in self.client.get_primaries():
-                    names.extend(self.client.get_redis_connection(node).scan_iter(match=pattern, count=1000))
-            else:
-                names = list(self.client.scan_iter(match=pattern, count=1000))
-            keys = [n.decode() if isinstance(n, bytes) else n for n in names]
-            keys = [k for k in keys if HEX64.match(k.rsplit(":", 1)[-1])]
+            keys = [k for k in self._scan_keys(f"{self.prefix}:ref:*") if HEX64.match(k.rsplit(":", 1)[-1])]
             pipe = self.client.pipeline(transaction=False)
             for k in keys:
                 pipe.get(k)
@@ -497,70 +286,6 @@ class RedisCache(LeasesMixin, UpkeepMixin, Cache):
             text = v.decode("ascii", "replace") if isinstance(v, bytes) else ""
             if HEX64.match(text):
                 yield k.rsplit(":", 1)[-1], text
-
-    # --------------------------------------------------------------------------------------------- counters
-    def _count(self, **counts: int) -> None:
-        if any(counts.values()):
-            self.incr(**counts)
-
-    def incr(self, **counts: int) -> None:
-        """Add to the fleet-wide counters (HINCRBY on ``P:counters``).  Never raises and never waits on the
-        network: the counts are queued for this server's sender thread (:class:`~cache_backends.redis_health.
-        CounterSink`), which sends them in batches.  Counts that may not be written (read-only without
-        ``counters=1``, or denied) stay in this process and are shown by :meth:`counters`."""
-        new: Counter[str] = Counter()
-        add_counts(new, counts)
-        if not new:
-            return
-        if self.write_counters:
-            self._sink.add(new)
-        else:
-            with self._lock:
-                self._pending.update(new)
-
-    def _send_counts(self, counts: dict[str, int]) -> None:
-        """Send one batch of increments in one pipeline (the sink's sender).
-
-        Raises:
-            CacheError: not sent (down, stalled, denied: then counting stops for this cache, with one warning).
-        """
-        try:
-            with self._talk("updating counters"):
-                pipe = self.client.pipeline(transaction=False)
-                for name, value in counts.items():
-                    pipe.hincrby(self._counters_key, name, value)
-                pipe.execute()
-        except CacheError as err:
-            if isinstance(err.__cause__, rex.NoPermissionError):
-                self.write_counters = False
-                self._sink.enabled = False
-                self._turn_read_only(str(err.__cause__))
-            raise
-
-    def flush(self) -> bool:
-        """Send queued counter increments now; True if none is left.  Never raises."""
-        return self._sink.flush()
-
-    def counters(self) -> dict[str, int]:
-        """Fleet-wide counters (HGETALL), after sending this process's queued ones, plus those it could not send.
-        Never raises: with the server down, only this process's are shown."""
-        if self.write_counters:
-            self._sink.flush()
-        stored: Counter[str] = Counter()
-        try:
-            with self._talk("reading counters"):
-                raw = self.client.hgetall(self._counters_key)
-            for k, v in raw.items():
-                try:
-                    stored[k.decode() if isinstance(k, bytes) else str(k)] += int(v)
-                except ValueError:
-                    continue
-        except CacheError as err:
-            log.debug("counters of %s unreadable: %s", self.url, err)
-        with self._lock:
-            stored.update(self._pending)
-        stored.update(self._sink.pending())
-        return ordered_counters(stored)
 
     def stats(self) -> dict[str, object]:
         """Counters, ``hit_rate``, ``url``, ``backend``, ``prefix``, ``ttl_s``, ``chunk_bytes``, ``read_only``

@@ -1,0 +1,238 @@
+"""The blobs of a Redis cache: heads and chunks written chunks first, head last; pipelined, verified reads.
+
+The key layout, the head format and the bounds on what is read are in :mod:`cache_backends.redis_cache`'s and
+:mod:`cache_backends.redis_codec`'s docstrings.  A head or chunk that is missing, garbled or does not hash right is
+a miss, counted under ``errors``, and deleted (unless read-only) so the next writer replaces it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import zstandard
+
+from cache_backends import redis_codec as codec
+from cache_backends.base import MISS, _Miss, check_name, digest_bytes
+from cache_backends.redis_codec import PIPELINE_BYTES, RAW_IF_SAVING_BELOW
+from precompile.errors import CacheError
+
+log = logging.getLogger("precompile.cache")
+
+#: Chunk keys per pipeline when deleting or refreshing a blob's chunks.
+CHUNK_BATCH = 256
+
+
+class BlobsMixin:
+    """``get_blob(s)``, ``has_blob(s)``, ``put_blob`` of a :class:`~cache_backends.redis_cache.RedisCache` (which
+    provides ``client``, ``url``, ``ttl_s``, ``chunk_bytes``, ``level``, ``read_only``, the key functions, ``_talk``
+    and ``_count``)."""
+
+    client: Any
+    url: str
+    ttl_s: float | None
+    chunk_bytes: int
+    level: int
+    read_only: bool
+
+    def _drop(self, digests: list[str], heads: dict[str, bytes | None]) -> None:
+        """Delete corrupt or partial blobs (head and chunks), best effort; never in read-only mode."""
+        if self.read_only or not digests:
+            return
+        try:
+            with self._talk("dropping a corrupt blob", write=True):
+                pipe = self.client.pipeline(transaction=False)
+                for d in digests:
+                    pipe.delete(self._head_key(d))
+                pipe.execute()
+                for d in digests:
+                    self._each_chunk(d, self._chunk_count(heads.get(d)) or 0, lambda p, k: p.delete(k))
+        except CacheError as err:
+            log.debug("could not drop corrupt blobs from %s: %s", self.url, err)
+
+    def _each_chunk(self, digest: str, count: int, command: Callable[[Any, str], object]) -> None:
+        """Run ``command(pipeline, chunk key)`` on chunks ``0..count-1`` of a blob, in pipelined batches of
+        :data:`CHUNK_BATCH`, stopping after a batch in which no chunk existed (the command answered 0 for every
+        key: DEL, PEXPIRE), so that a garbled head's count costs at most one batch more than the real chunks.
+        Call inside :meth:`_talk`."""
+        for start in range(0, count, CHUNK_BATCH):
+            pipe = self.client.pipeline(transaction=False)
+            for i in range(start, min(count, start + CHUNK_BATCH)):
+                command(pipe, self._chunk_key(digest, i))
+            if not any(pipe.execute()):
+                return
+
+    @staticmethod
+    def _chunk_count(head: bytes | None) -> int | None:
+        parsed = codec.parse_chunked(head)
+        return None if parsed is None else parsed.count
+
+    def get_blob(self, digest: str) -> bytes | _Miss:
+        """Bytes of blob ``digest`` (verified), or :data:`MISS`.  A corrupt or partial copy is dropped, counted
+        under ``errors`` and reported as :data:`MISS`.
+
+        Raises:
+            ValueError: ``digest`` is not 64 lowercase hex characters.
+            CacheUnavailableError: Redis cannot be reached, timed out or refused the read.
+        """
+        return self.get_blobs([digest])[check_name(digest)]
+
+    def get_blobs(self, digests: list[str]) -> dict[str, bytes | _Miss]:
+        """``{digest: bytes or MISS}``: heads in one pipelined round trip, then chunks in pipelined batches of
+        about :data:`PIPELINE_BYTES`.  With a TTL, every key read is refreshed in the same pipelines.
+        Counts ``bytes_read`` (compressed bytes) and ``errors``.
+
+        Raises:
+            ValueError: a digest is not 64 lowercase hex characters (checked before anything is read).
+            CacheUnavailableError: Redis cannot be reached, timed out or refused the read.
+        """
+        unique = list(dict.fromkeys(check_name(d) for d in digests))
+        out: dict[str, bytes | _Miss] = dict.fromkeys(unique, MISS)
+        if not unique:
+            return out
+        refresh = self.ttl_s is not None and not self.read_only
+        with self._talk(f"reading {len(unique)} blob(s)"):
+            pipe = self.client.pipeline(transaction=False)
+            for d in unique:
+                pipe.get(self._head_key(d))
+                if refresh:
+                    pipe.pexpire(self._head_key(d), int(self.ttl_s * 1000))
+            replies = pipe.execute()
+        heads: dict[str, bytes | None] = dict(zip(unique, replies[:: 2 if refresh else 1]))
+        bad: list[str] = []
+        nread = 0
+        chunked: list[tuple[str, codec.ChunkedHead]] = []
+        for d, head in heads.items():
+            if head is None:
+                continue
+            nread += len(head)
+            if codec.head_kind(head) in (codec.INLINE_ZSTD, codec.INLINE_RAW):
+                data, why = codec.decode_inline(d, head)
+                if data is None:
+                    log.warning("Redis blob %s in %s %s; dropping it", d[:12], self.url, why)
+                    bad.append(d)
+                else:
+                    out[d] = data
+                continue
+            parsed = codec.parse_chunked(head)
+            if parsed is None:
+                log.warning("Redis blob %s in %s has a garbled head; dropping it", d[:12], self.url)
+                bad.append(d)
+                continue
+            chunked.append((d, parsed))
+        for d, parsed in chunked:
+            data, why = codec.read_chunked(d, parsed, self.chunk_bytes,
+                                           lambda indices, d=d: self._fetch_chunks(d, indices, refresh))
+            if data is None:
+                log.warning("Redis blob %s in %s %s; dropping it", d[:12], self.url, why)
+                bad.append(d)
+            else:
+                out[d] = data
+                nread += parsed.total
+        self._drop(bad, heads)
+        self._count(bytes_read=nread, errors=len(bad))
+        return out
+
+    def _fetch_chunks(self, digest: str, indices: range, refresh: bool) -> list[bytes | None]:
+        """Chunks ``indices`` of a blob in one pipelined round trip (with a TTL, refreshed in the same trip)."""
+        with self._talk(f"reading blob {digest[:12]}"):
+            pipe = self.client.pipeline(transaction=False)
+            for i in indices:
+                pipe.get(self._chunk_key(digest, i))
+                if refresh:
+                    pipe.pexpire(self._chunk_key(digest, i), int(self.ttl_s * 1000))  # type: ignore[operator]
+            return pipe.execute()[:: 2 if refresh else 1]
+
+    def has_blob(self, digest: str) -> bool:
+        """True if blob ``digest``'s head exists (not verified; one EXISTS).
+
+        Raises:
+            ValueError: ``digest`` is not 64 lowercase hex characters.
+            CacheUnavailableError: Redis cannot be reached.
+        """
+        with self._talk("checking a blob"):
+            return bool(self.client.exists(self._head_key(check_name(digest))))
+
+    def has_blobs(self, digests: list[str]) -> dict[str, bool]:
+        """``{digest: exists}`` in one pipelined round trip (EXISTS, or with a TTL PEXPIRE, which refreshes what
+        exists), plus one more to refresh the chunks of chunked blobs, so that a hit keeps every part of an
+        artifact alive, not only the parts a load reads.
+
+        Raises:
+            ValueError: a digest is not 64 lowercase hex characters.
+            CacheUnavailableError: Redis cannot be reached.
+        """
+        unique = list(dict.fromkeys(check_name(d) for d in digests))
+        if not unique:
+            return {}
+        refresh = self.ttl_s is not None and not self.read_only
+        with self._talk(f"checking {len(unique)} blob(s)"):
+            pipe = self.client.pipeline(transaction=False)
+            for d in unique:
+                if refresh:
+                    pipe.pexpire(self._head_key(d), int(self.ttl_s * 1000))  # type: ignore[operator]
+                    pipe.getrange(self._head_key(d), 0, codec.CHUNKED_HEAD_BYTES)
+                else:
+                    pipe.exists(self._head_key(d))
+            replies = pipe.execute()
+            if not refresh:
+                return {d: bool(r) for d, r in zip(unique, replies)}
+            found = {d: bool(r) for d, r in zip(unique, replies[::2])}
+            ms = int(self.ttl_s * 1000)  # type: ignore[operator]
+            for d, head in zip(unique, replies[1::2]):
+                self._each_chunk(d, self._chunk_count(head) or 0, lambda p, k: p.pexpire(k, ms))
+        return found
+
+    def put_blob(self, data: bytes, digest: str | None = None) -> str:
+        """Store ``data`` zstd-compressed, or raw where zstd saves less than 3% (idempotent); return its digest.
+
+        An existing blob is not rewritten (with a TTL, its expiry is refreshed).  A frame longer than
+        ``chunk_size`` bytes is written as chunks in pipelined batches, then its head, so a reader never sees a
+        head without its chunks (unless the server evicted them: then the read is a miss).  Counts ``puts``
+        and ``bytes_written`` for new blobs.
+
+        Raises:
+            ValueError: ``digest`` is given and does not match ``data``.
+            CacheReadOnlyError: the cache is read-only, or its user may not write.
+            CacheUnavailableError: Redis cannot be reached, timed out, or refused the write (e.g. OOM).
+        """
+        actual = digest_bytes(data)
+        if digest is not None and check_name(digest) != actual:
+            raise ValueError(f"put_blob: digest {digest} given, but the data hashes to {actual}")
+        head_key = self._head_key(actual)
+        with self._talk(f"writing blob {actual[:12]}", write=True):
+            if self.ttl_s is None:
+                exists = self.client.exists(head_key)
+            else:  # refresh an existing blob's TTL; PEXPIRE answers 0 for a missing key
+                exists = self.client.pexpire(head_key, int(self.ttl_s * 1000))
+                if exists:
+                    self._refresh_chunks(actual)
+            if exists:
+                return actual
+            threads = -1 if len(data) > (8 << 20) else 0
+            frame = zstandard.ZstdCompressor(level=self.level, threads=threads).compress(bytes(data))
+            raw = len(frame) > len(data) * (1 - RAW_IF_SAVING_BELOW)
+            if raw:
+                frame = bytes(data)
+            px = int(self.ttl_s * 1000) if self.ttl_s is not None else None
+            if len(frame) <= self.chunk_bytes:
+                self.client.set(head_key, codec.inline_head(frame, raw), px=px)
+            else:
+                view = memoryview(frame)
+                count = -(-len(frame) // self.chunk_bytes)
+                per_batch = max(1, PIPELINE_BYTES // self.chunk_bytes)
+                for start in range(0, count, per_batch):
+                    pipe = self.client.pipeline(transaction=False)
+                    for i in range(start, min(count, start + per_batch)):
+                        chunk = view[i * self.chunk_bytes:(i + 1) * self.chunk_bytes]
+                        pipe.set(self._chunk_key(actual, i), bytes(chunk), px=px)
+                    pipe.execute()
+                self.client.set(head_key, codec.chunked_head(count, len(frame), raw), px=px)
+        self._count(puts=1, bytes_written=len(frame))
+        return actual
+
+    def _refresh_chunks(self, digest: str) -> None:
+        head = self.client.get(self._head_key(digest))
+        ms = int(self.ttl_s * 1000)  # type: ignore[operator]
+        self._each_chunk(digest, self._chunk_count(head) or 0, lambda p, k: p.pexpire(k, ms))
