@@ -64,11 +64,13 @@ def build_engine(art: Artifact) -> Callable[..., Any]:
 
 
 def _load_fast(art: Artifact, fast: dict[str, Any], prime_mode: str) -> Callable[..., Any]:
-    from precompile.inductor import prime
     from precompile.inductor.runtime import load_fast
 
-    # the library calls the first call would set up, replayed while the rest of the load runs
-    primer = art.primer = None if prime_mode == "off" else prime.start(fast.get("prime"), prime_mode == "all")
+    primer = None
+    if prime_mode != "off":  # the library calls the first call would set up, replayed while the load runs
+        from precompile.inductor import prime
+
+        primer = art.primer = prime.start(fast.get("prime"), prime_mode == "all")
     source = art.blob(fast["source"]).decode()
     kernels = {k["source"]: art.blob(next(d for f, d in sorted(k["binaries"].items()) if f.endswith(".so")))
                for k in art.manifest.kernels}
