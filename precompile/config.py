@@ -11,13 +11,13 @@ temporary directory by setting the environment before the call.
 | ``PRECOMPILE_LOG`` | log level of the ``precompile`` logger (``INFO``, ``DEBUG``...) | unset: inherit |
 | ``PRECOMPILE_ENGINE`` | ``auto`` (fast path where the artifact offers one) or ``portable`` (always rebuild through Inductor's cache entries) | ``auto`` |
 | ``PRECOMPILE_VLLM_PLATFORM`` | ``0`` keeps precompile's vLLM platform plugin inactive (see ``precompile.integrations.vllm_platform``) | ``1`` |
-| ``PRECOMPILE_PRIME`` | whether a fast load replays the graph's library calls (cuBLAS, cuDNN, attention) in a background thread that the first call waits for (see ``precompile.inductor.prime``): ``off``, ``on`` (GPU graphs) or ``all`` (CPU graphs too); it pays where a worker does other work between the load and its first request | ``off`` |
+| ``PRECOMPILE_PRIME`` | whether a fast load replays the graph's library calls (cuBLAS, cuDNN, attention) in a background thread that the first call waits for (see ``precompile.inductor.prime``): ``off``, ``on`` (GPU graphs) or ``all`` (CPU graphs too); meant for a worker that does other work between the load and its first request (not measured) | ``off`` |
 | ``PRECOMPILE_EXPLAIN`` | ``1``: on a miss, ``standalone_compile`` logs the closest stored artifact and the factors that differ (reads every stored manifest: for debugging) | ``0`` |
+| ``PRECOMPILE_SIGNING_KEY`` | builders: path of the Ed25519 private key (PEM) every stored or saved manifest is signed with; its public key is trusted too | unset: nothing signed |
+| ``PRECOMPILE_VERIFY_KEYS`` | serving workers: comma-separated Ed25519 public keys (``ed25519:<64 hex>``, or files of them / PEM); set, only artifacts signed by one of them load | unset: nothing checked |
 
 A variable that holds a value precompile does not accept is a :class:`~precompile.errors.ConfigError` naming the
 variable, never a silent default.
-| ``PRECOMPILE_SIGNING_KEY`` | builders: path of the Ed25519 private key (PEM) every stored or saved manifest is signed with; its public key is trusted too | unset: nothing signed |
-| ``PRECOMPILE_VERIFY_KEYS`` | serving workers: comma-separated Ed25519 public keys (``ed25519:<64 hex>``, or files of them / PEM); set, only artifacts signed by one of them load | unset: nothing checked |
 
 The keys are parsed once per distinct value (:mod:`precompile.trust`); a cache URL may add its own
 (``verify_keys=``, ``signing_key=``).
