@@ -215,7 +215,7 @@ def build(norm: NormalizedGraph, plan: Plan) -> Artifact:
         build={"seconds": round(result.compile_seconds, 3), "created": datetime.now(timezone.utc).isoformat(),
                "precompile": __version__, "mutated_inputs": result.mutated_inputs,
                "inductor_files": len(result.cache_files), "fast_off": fast_off,
-               "validated": bool(fast) and plan.runnable},
+               "validated": bool(fast) and plan.runnable, "rewrites": plan.rewrites},
         calling={"in_spec": norm.in_spec, "out_spec": norm.out_spec, "outputs": _output_kind(norm.gm)},
         shapes=shapes,
     )

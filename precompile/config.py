@@ -12,6 +12,7 @@ temporary directory by setting the environment before the call.
 | ``PRECOMPILE_ENGINE`` | ``auto`` (fast path where the artifact offers one) or ``portable`` (always rebuild through Inductor's cache entries) | ``auto`` |
 | ``PRECOMPILE_VLLM_PLATFORM`` | ``0`` keeps precompile's vLLM platform plugin inactive (see ``precompile.integrations.vllm_platform``) | ``1`` |
 | ``PRECOMPILE_PRIME`` | whether a fast load replays the graph's library calls (cuBLAS, cuDNN, attention) in a background thread that the first call waits for (see ``precompile.inductor.prime``): ``off``, ``on`` (GPU graphs) or ``all`` (CPU graphs too); meant for a worker that does other work between the load and its first request (not measured) | ``off`` |
+| ``PRECOMPILE_REWRITES`` | ``on``: exact graph rewrites before the key (``precompile.passes``: a GPU matmul with an inner dimension of 1 becomes a multiply, so that a first call loads no cuBLAS kernel for it); ``off`` compiles the graph as given, for bits equal to torch's own compile of it | ``on`` |
 | ``PRECOMPILE_EXPLAIN`` | ``1``: on a miss, ``standalone_compile`` logs the closest stored artifact and the factors that differ (reads every stored manifest: for debugging) | ``0`` |
 | ``PRECOMPILE_SIGNING_KEY`` | builders: path of the Ed25519 private key (PEM) every stored or saved manifest is signed with; its public key is trusted too | unset: nothing signed |
 | ``PRECOMPILE_VERIFY_KEYS`` | serving workers: comma-separated Ed25519 public keys (``ed25519:<64 hex>``, or files of them / PEM); set, only artifacts signed by one of them load | unset: nothing checked |
@@ -143,3 +144,17 @@ def prime_mode() -> str:
     if mode not in ("off", "on", "all"):
         raise ConfigError(f"PRECOMPILE_PRIME must be off, on or all, got {raw!r}")
     return mode
+
+
+def rewrites_enabled() -> bool:
+    """Whether :mod:`precompile.passes` rewrites graphs before the key, from ``PRECOMPILE_REWRITES`` (``on``, the
+    default, or ``off``).  The key describes the graph compiled either way, so the setting needs no key factor.
+
+    Raises:
+        ConfigError: the variable holds another value.
+    """
+    raw = (os.environ.get("PRECOMPILE_REWRITES") or "on").strip().lower()
+    mode = {"1": "on", "true": "on", "yes": "on", "0": "off", "false": "off", "no": "off"}.get(raw, raw)
+    if mode not in ("on", "off"):
+        raise ConfigError(f"PRECOMPILE_REWRITES must be on or off, got {raw!r}")
+    return mode == "on"

@@ -7,13 +7,13 @@ and :class:`Plan` carries them to the build.  A cache hit needs nothing else.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from cache_backends.base import digest_bytes
-from precompile import config, fingerprint
+from precompile import config, fingerprint, passes
 from precompile.ambient import ambient_state
 from precompile.errors import InputMismatchError, OptionsError
 from precompile.graph import NormalizedGraph, canonical_graph, canonical_json, graph_to_json, normalize_graph
@@ -40,6 +40,7 @@ class Plan:
         dynamic_shapes: the mode passed to Inductor.
         runnable: whether the example inputs may be run (see ``standalone_compile``).
         size_range: ``(lower, upper)`` the caller vouches for on every size symbol of the graph, or None.
+        rewrites: how many nodes each exact rewrite of :mod:`precompile.passes` changed before the key, by name.
     """
 
     key: str
@@ -57,6 +58,7 @@ class Plan:
     dynamic_shapes: str
     runnable: bool = True
     size_range: tuple[int, int | None] | None = None
+    rewrites: dict[str, int] = field(default_factory=dict)
 
 
 def compute_key(factors: dict[str, Any]) -> str:
@@ -143,6 +145,7 @@ def prepare(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, dynamic_
         TypeError: ``key_extra`` holds a value JSON cannot.
         ValueError: ``dynamic_shapes`` is not one of the three accepted values.
         OptionsError: ``options`` names no Inductor option or holds a value a key cannot store.
+        ConfigError: ``PRECOMPILE_REWRITES`` holds a value precompile does not accept.
         UnserializableGraphError: the graph holds a part that cannot be serialized (named in the message).
         InputMismatchError: example inputs do not line up with the placeholders.
     """
@@ -157,6 +160,9 @@ def prepare(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, dynamic_
     except (KeyError, TypeError) as err:
         raise OptionsError(str(err.args[0]) if err.args else str(err)) from err
     norm, flat = normalize_graph(gm, list(example_inputs))
+    rewrites = {}  # made before the key, so that the key describes the graph that compiles
+    if config.rewrites_enabled():
+        rewrites["outer_products_as_mul"] = passes.outer_products_as_mul(norm.gm)
     graph_json = graph_to_json(norm.gm)
     fakes = shapes.fake_values(norm.gm)
     symbols = shapes.symbols_of(fakes) if dynamic_shapes != "from_example_inputs" else None
@@ -191,7 +197,8 @@ def prepare(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, dynamic_
     plan = Plan(key=compute_key(factors), factors=factors, specs=specs, graph_json=graph_json, options=opts,
                 inductor_config=inductor_config, env=env, devices=devices, symbols=symbols, fake_values=fakes,
                 compile_inputs=flat if symbols else run_inputs, run_inputs=run_inputs,
-                dynamic_shapes=dynamic_shapes, runnable=runnable, size_range=size_range)
+                dynamic_shapes=dynamic_shapes, runnable=runnable, size_range=size_range,
+                rewrites={name: n for name, n in rewrites.items() if n})
     return norm, plan
 
 

@@ -9,6 +9,7 @@ the load path.  Skipped without a CUDA GPU (CI has none); run on the GPU machine
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -138,3 +139,49 @@ def test_user_triton_kernel_through_triton_op(tmp_path):
     report = _roundtrip(art, [example], tmp_path)
     assert report.pop("primed") is None  # priming is off by default
     assert report == {"engine": "fast", "new_modules": [], "after_calls": []}
+
+
+def test_rotary_outer_product_is_a_multiply_and_calls_no_library(tmp_path):
+    """The rotary embedding's float32 ``inv_freq @ position_ids`` (inner dimension 1), as every Llama-like
+    ``transformers`` model computes it, is compiled as a multiply (precompile.passes): the same bits as cuBLAS,
+    and no library call left for a first call to set up."""
+    import copy
+
+    from precompile.passes import outer_products_as_mul
+
+    class Rotary(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("inv_freq", 1.0 / 10000 ** (torch.arange(0, 64, 2).float() / 64))
+
+        def forward(self, x, position_ids):
+            freqs = (self.inv_freq[None, :, None].float() @ position_ids[:, None, :].float()).transpose(1, 2)
+            emb = torch.cat((freqs, freqs), dim=-1)
+            return x * emb.cos().to(x.dtype) + x.flip(-1) * emb.sin().to(x.dtype)
+
+    model = Rotary().cuda()
+    x = torch.randn(1, 256, 64, device="cuda", dtype=torch.bfloat16)
+    positions = torch.arange(256, device="cuda")[None]
+    gm, example = _graphs.capture(model, (x, positions))
+    rewritten = copy.deepcopy(gm)
+    assert outer_products_as_mul(rewritten) == 1
+    with torch.no_grad():  # the multiply computes cuBLAS's bits
+        assert torch.equal(rewritten(*example)[0], gm(*example)[0])
+        art = precompile.standalone_compile(gm, example)
+    assert art.manifest.build["rewrites"] == {"outer_products_as_mul": 1}
+    fast = art.manifest.parts["fast"]
+    assert fast is not None, art.manifest.build["fast_off"]
+    assert fast["prime"] == [], fast["prime"]  # no library call was made by the compiled graph
+    report = _roundtrip(art, [example], tmp_path)
+    assert report.pop("primed") is None
+    assert report == {"engine": "fast", "new_modules": [], "after_calls": []}
+    with torch.no_grad():
+        assert_same_output(art(*example)[0], model(x, positions), rtol=2e-2, atol=2e-2, where="against eager")
+    os.environ["PRECOMPILE_REWRITES"] = "off"  # the graph as given: the matmul stays a library call
+    try:
+        with torch.no_grad():
+            plain = precompile.standalone_compile(gm, example)
+    finally:
+        del os.environ["PRECOMPILE_REWRITES"]
+    assert plain.key != art.key and plain.manifest.build["rewrites"] == {}
+    assert [c["op"] for c in plain.manifest.parts["fast"]["prime"]] in (["mm"], ["bmm"])

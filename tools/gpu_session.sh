@@ -5,7 +5,8 @@
 #   TESTS=1 VLLM=0 COVERAGE=0 BENCH=0 MAIN_JOB=0 TTFO=0 ...  pick parts: the GPU tests, the vLLM adaptor round
 #                                              trip, tools/bench_coverage.py (CASES=a,b for a subset, PROFILE=1), the
 #                                              Llama load benchmark, the main job, time to first output
-#                                              (MODELS="llama qwen2 resnet18", PROFILE_MODEL=llama)
+#                                              (MODELS="llama qwen2 resnet18", PROFILE_MODEL=llama; OPTS=Inductor
+#                                              options JSON with TAG=name; PROBE=1 adds tools/ttfo_probe.py)
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD:$PWD/tests PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 XDG_CACHE_HOME=/tmp/xdg
@@ -44,9 +45,16 @@ if [ "${TTFO:-0}" = 1 ]; then
       qwen2) args=(--model qwen2 --config "$QCFG" --shape 2x256) ;;
       resnet18) args=(--model tools.recipes:resnet18 --shape 16x224) ;;
     esac
-    COLUMNS=120 timeout 300 python3 tools/bench_load.py "${args[@]}" --device cuda --dtype bfloat16 --calls 20 --repeat 1 \
-      --workdir "/tmp/ttfo-$m" --json-out "$OUT/ttfo_$m.json" 2> "$OUT/ttfo_$m.err" | tee "$OUT/ttfo_$m.txt"
-    tail -3 "$OUT/ttfo_$m.err"
+    tag=$m${TAG:+-$TAG}
+    COLUMNS=120 timeout ${BENCH_TIMEOUT:-300} python3 tools/bench_load.py "${args[@]}" --device cuda --dtype bfloat16 \
+      --calls 20 --repeat 1 ${OPTS:+--options "$OPTS"} --workdir "/tmp/ttfo-$tag" --json-out "$OUT/ttfo_$tag.json" \
+      2> "$OUT/ttfo_$tag.err" | tee "$OUT/ttfo_$tag.txt"
+    tail -3 "$OUT/ttfo_$tag.err"
+    if [ "${PROBE:-0}" = 1 ] && [ -f "$OUT/ttfo_$tag.json" ]; then  # where the time to first output goes
+      key=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['key'])" "$OUT/ttfo_$tag.json")
+      timeout 240 python3 tools/ttfo_probe.py "$key" --cache "file:///tmp/ttfo-$tag/cache" \
+        --inputs "/tmp/ttfo-$tag/inputs.pt" --rounds ${PROBE_ROUNDS:-3} 2>&1 | grep -v "^DEBUG" | tee "$OUT/probe_$tag.txt"
+    fi
     if [ "$m" = "${PROFILE_MODEL:-llama}" ] && [ -f "$OUT/ttfo_$m.json" ]; then
       key=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['key'])" "$OUT/ttfo_$m.json")
       for prime in off on; do

@@ -87,6 +87,9 @@ def inspect(target: str, cache_url: str | None, as_json: bool) -> None:
                   + (f"; custom ops {[o['op'] for o in fast['ops']]}" if fast.get("ops") else ""))
     else:
         con.print(f"load: [yellow]portable path only[/] ({m['build'].get('fast_off') or 'no reason recorded'})")
+    rewrites = m["build"].get("rewrites")
+    if rewrites:  # exact rewrites made before the key (precompile.passes)
+        con.print("graph rewrites before the key: " + ", ".join(f"{name} x{n}" for name, n in rewrites.items()))
     shapes = m.get("shapes") or {}
     if shapes.get("symbols"):
         con.print("symbolic sizes: " + ", ".join(

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from precompile.inductor import prime, runs, runtime, shim
+from precompile.inductor import externs, prime, runs, runtime, shim
 from precompile.inductor.cuda_runtime import LAUNCH_SO
 from precompile.inductor.products import BuildResult, Kernel
 
@@ -76,7 +76,7 @@ def fast_plan(result: BuildResult, run_inputs: list[Any] | None, more_inputs: li
         ref = _importable_name(fn)
         if ref is None:
             return None, f"extern kernel {ename} ({fn!r}) is not importable by name"
-        extern[ename] = ref
+        extern[ename] = externs.STAND_INS.get(ref, ref)  # never Inductor's own module on the load path
     ops = [{"op": f"{ns}::{op}", "module": _defining_module(ns, op)}
            for ns, op in sorted(set(_OP_CALL.findall(source))) if ns not in _TORCH_NAMESPACES]
     plan = {"wrapper": name, "source": runtime.rewrite_wrapper(source), "extern": extern, "ops": ops,
