@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from cache_backends.base import Cache
-from precompile.errors import ArtifactNotFoundError, InputMismatchError
+from precompile.errors import ArtifactFormatError, ArtifactNotFoundError, InputMismatchError
 from precompile.inputs import CallChecks, size_at
 from precompile.manifest import Manifest
 
@@ -47,7 +47,8 @@ class Artifact:
             (``PRECOMPILE_PRIME`` off, or nothing to replay).
 
     Raises (on construction):
-        ArtifactFormatError: a placeholder spec or the size guards in the manifest are malformed.
+        ArtifactFormatError: a placeholder spec, a pytree spec (``calling.in_spec``/``out_spec``) or the size guards
+            in the manifest are malformed.
     """
 
     def __init__(self, manifest: Manifest, blobs: Mapping[str, bytes], *, engine: Callable[..., Any] | None = None,
@@ -71,8 +72,8 @@ class Artifact:
         self._grad_warned = False
         self._aligned_assumed = {a["index"] for a in manifest.alignment if a.get("inductor_assumes_aligned")}
         calling = manifest.calling or {}
-        self._in_spec = _load_spec(calling.get("in_spec"))
-        self._out_spec = _load_spec(calling.get("out_spec"))
+        self._in_spec = _load_spec(calling.get("in_spec"), "in_spec")
+        self._out_spec = _load_spec(calling.get("out_spec"), "out_spec")
         self._outputs = calling.get("outputs")
         self.engine_kind: str | None = "compiled" if engine is not None else None
         self.primer: Any = None
@@ -335,9 +336,21 @@ class Artifact:
                 f"{len(self.manifest.kernels)} kernels, from {self.source}>")
 
 
-def _load_spec(text: str | None):
-    if not text:
+def _load_spec(text: object, field: str):
+    """The pytree spec stored in the manifest's ``calling[field]``, or None when there is none (None or "").
+
+    Raises:
+        ArtifactFormatError: the stored value is not a string, or is one that does not load as a pytree spec.
+    """
+    if text is None or text == "":
         return None
+    if not isinstance(text, str):
+        raise ArtifactFormatError(f"manifest field calling.{field} is a {type(text).__name__}, not a pytree spec")
     from torch.utils import _pytree as pytree
 
-    return pytree.treespec_loads(text)
+    try:
+        return pytree.treespec_loads(text)
+    except Exception as err:  # noqa: BLE001 - torch's parser of untrusted text raises JSONDecodeError, KeyError,
+        # TypeError, NotImplementedError (an unregistered type), AssertionError, RecursionError...: all mean garbled
+        raise ArtifactFormatError(f"manifest field calling.{field} is not a valid pytree spec: "
+                                  f"{type(err).__name__}: {str(err)[:200]}") from err

@@ -11,9 +11,9 @@ it.  Layout (docs/format.md, "As a bundle")::
     blob x N  32-byte raw sha256 of the uncompressed bytes, u64 LE length, a zstd frame of that length
     end       b"PCBNDEND", then the 32-byte sha256 of every byte before b"PCBNDEND"
 
-:func:`import_bundle` checks everything (the checksum, every length against the file size, every blob against its
-digest, that every ref's blobs are all there and that a manifest names its ref's key) before it writes anything,
-then writes every blob, then the refs.  A bundle that fails any check is refused whole.
+:func:`check_bundle` checks everything (the checksum, every length against the file size, every blob against its
+digest, that every ref's blobs are all there and that a manifest names its ref's key); :func:`import_bundle` then
+writes every blob, then the refs.  A bundle that fails any check is refused whole, before anything is written.
 """
 
 from __future__ import annotations
@@ -258,16 +258,34 @@ class Imported:
     outcome: str
 
 
-def import_bundle(path: str | os.PathLike[str], cache: Cache,
-                  progress: Callable[[int, int], None] | None = None) -> tuple[list[Imported], int]:
-    """Check the bundle at ``path`` whole, then write its blobs and refs into ``cache``.
+@dataclass(frozen=True)
+class CheckedBundle:
+    """A bundle file that passed every check of :func:`check_bundle`, which makes it.
 
-    Returns:
-        ``(one Imported per ref, blobs written)``.
+    Attributes:
+        path: the file.
+        header: its parsed header (``refs``, ``blobs``...).
+        first: offset of its first blob.
+        end: offset of its end marker.
+    """
+
+    path: Path
+    header: dict[str, Any]
+    first: int
+    end: int
+
+
+def check_bundle(path: str | os.PathLike[str], progress: Callable[[int, int], None] | None = None) -> CheckedBundle:
+    """Check the bundle at ``path`` whole, writing nothing: its framing and checksum (:func:`read_header`), every
+    blob against its digest, that each ref's manifest and every part it lists are there, and that a manifest
+    names its ref's key.
+
+    Args:
+        progress: called ``(blobs checked, blobs)`` after each blob.
 
     Raises:
-        ArtifactFormatError: the bundle fails a check (nothing is written).
-        CacheReadOnlyError / CacheUnavailableError: the cache refused a write.
+        ArtifactFormatError: the bundle fails a check.
+        FileNotFoundError: no file at ``path``.
     """
     path = Path(path)
     header, first = read_header(path)
@@ -283,7 +301,7 @@ def import_bundle(path: str | os.PathLike[str], cache: Cache,
             if digest in targets:
                 docs[digest] = data
             if progress:
-                progress(len(have), 2 * count)
+                progress(len(have), count)
     for ref in header["refs"]:
         data = docs.get(ref["digest"])
         if data is None:
@@ -294,14 +312,34 @@ def import_bundle(path: str | os.PathLike[str], cache: Cache,
         named = _manifest_key(data)
         if named is not None and named != ref["key"]:
             raise ArtifactFormatError(f"bundle {path} maps key {ref['key'][:12]} to the manifest of {named[:12]}")
+    return CheckedBundle(path, header, first, end)
+
+
+def import_bundle(bundle: CheckedBundle, cache: Cache,
+                  progress: Callable[[int, int], None] | None = None) -> tuple[list[Imported], int]:
+    """Write the blobs, then the refs, of a bundle that passed :func:`check_bundle` into ``cache``.  Each blob is
+    verified against its digest again as it is read back to be written.
+
+    Args:
+        progress: called ``(blobs written, blobs)`` after each blob.
+
+    Returns:
+        ``(one Imported per ref, blobs written)``.
+
+    Raises:
+        ArtifactFormatError: a blob no longer matches its digest (the file changed since it was checked).
+        FileNotFoundError: the file is gone.
+        CacheReadOnlyError / CacheUnavailableError: the cache refused a write.
+    """
+    path, header, count = bundle.path, bundle.header, bundle.header["blobs"]
     written = 0
     with open(path, "rb") as f:
-        f.seek(first)
-        for i, (digest, data) in enumerate(_blobs(f, path, count, end), 1):
+        f.seek(bundle.first)
+        for i, (digest, data) in enumerate(_blobs(f, path, count, bundle.end), 1):
             cache.put_blob(data, digest)
             written += 1
             if progress:
-                progress(count + i, 2 * count)
+                progress(i, count)
     out = []
     for ref in header["refs"]:
         before = cache.get_ref(ref["key"])

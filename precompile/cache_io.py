@@ -98,11 +98,6 @@ def load_from_cache(key: str, cache: str | Cache | None, *, bound: dict[int, tor
     except ArtifactFormatError as err:  # a manifest whose digests check but whose specs or guards do not parse
         _drop_ref(c, key, str(err))
         return None
-    except Exception as err:  # noqa: BLE001 - e.g. pytree specs that do not load: a miss, never a crash
-        warn_once(c, f"cache entry {key[:12]} in {c.url} is unusable ({type(err).__name__}: {err}); treating it "
-                     "as a miss", kind=f"construct {type(err).__name__}")
-        safe_incr(c, errors=1)
-        return None
 
 
 def _drop_ref(cache: Cache, key: str, why: str) -> None:

@@ -10,7 +10,7 @@ temporary directory by setting the environment before the call.
 | ``PRECOMPILE_CACHE_MAX_BYTES`` | size cap of a local cache, bytes (LRU eviction above it) | 20 GiB |
 | ``PRECOMPILE_LOG`` | log level of the ``precompile`` logger (``INFO``, ``DEBUG``...) | unset: inherit |
 | ``PRECOMPILE_ENGINE`` | ``auto`` (fast path where the artifact offers one) or ``portable`` (always rebuild through Inductor's cache entries) | ``auto`` |
-| ``PRECOMPILE_VLLM_PLATFORM`` | ``0`` keeps precompile's vLLM platform plugin inactive (see ``precompile.integrations.vllm_platform``) | ``1`` |
+| ``PRECOMPILE_VLLM_PLATFORM`` | ``0`` (or false/no/off) keeps precompile's vLLM platform plugin inactive, ``1`` (or true/yes/on) lets it take part (see ``precompile.integrations.vllm_platform``) | ``1`` |
 | ``PRECOMPILE_PRIME`` | whether a fast load replays the graph's library calls (cuBLAS, cuDNN, attention) in a background thread that the first call waits for (see ``precompile.inductor.prime``): ``off``, ``on`` (GPU graphs) or ``all`` (CPU graphs too); meant for a worker that does other work between the load and its first request (not measured) | ``off`` |
 | ``PRECOMPILE_REWRITES`` | ``on``: exact graph rewrites before the key (``precompile.passes``: a GPU matmul with an inner dimension of 1 becomes a multiply, so that a first call loads no cuBLAS kernel for it); ``off`` compiles the graph as given, for bits equal to torch's own compile of it | ``on`` |
 | ``PRECOMPILE_EXPLAIN`` | ``1``: on a miss, ``standalone_compile`` logs the closest stored artifact and the factors that differ (reads every stored manifest: for debugging) | ``0`` |
@@ -117,9 +117,20 @@ def engine_mode() -> str:
 
 
 def vllm_platform_enabled() -> bool:
-    """False when ``PRECOMPILE_VLLM_PLATFORM`` is ``0``/``false``/``no``/``off``: precompile's vLLM platform plugin
-    then stays inactive."""
-    return (os.environ.get("PRECOMPILE_VLLM_PLATFORM") or "1").strip().lower() not in ("0", "false", "no", "off")
+    """``PRECOMPILE_VLLM_PLATFORM``: False for ``0``/``false``/``no``/``off`` (precompile's vLLM platform plugin then
+    stays inactive), True for ``1``/``true``/``yes``/``on`` or when unset or empty.
+
+    Raises:
+        ConfigError: the variable holds another value.
+    """
+    raw = os.environ.get("PRECOMPILE_VLLM_PLATFORM", "").strip()
+    if raw.lower() in ("", "1", "true", "yes", "on"):
+        return True
+    if raw.lower() in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"PRECOMPILE_VLLM_PLATFORM must be 1 or 0 (true/false, yes/no, on/off), got {raw!r}")
+
+
 def signing_key_path() -> str | None:
     """Path of the Ed25519 private key (PEM) manifests are signed with, from ``PRECOMPILE_SIGNING_KEY``."""
     return os.environ.get("PRECOMPILE_SIGNING_KEY", "").strip() or None

@@ -111,10 +111,7 @@ def _load_path(p: Path) -> Artifact:
     check_environment(manifest)
     try:
         return Artifact(manifest, blobs, source=str(p))
-    except ArtifactFormatError:
-        raise
-    except Exception as err:  # noqa: BLE001 - a garbled spec is a format error, never a stray exception
-        raise ArtifactFormatError(f"artifact {p} has a manifest that does not load: {type(err).__name__}: "
-                                  f"{err}") from err
+    except ArtifactFormatError as err:
+        raise ArtifactFormatError(f"artifact {p} has a manifest that does not load: {err}") from err
 
 

@@ -20,13 +20,13 @@ import re
 from pathlib import Path
 from typing import Any
 
+from cache_backends.base import HEX64
 from precompile.errors import ArtifactFormatError, UnsafePathError
 
 _PLAIN = re.compile(r"^[A-Za-z0-9_+\-][A-Za-z0-9_.+\-]{0,254}$")
 #: A name that becomes a file name only through :func:`file_name` (kernel and binary names: Inductor names a
 #: kernel after every op it fuses, which can pass 255 characters).
 _LONG = re.compile(r"^[A-Za-z0-9_+\-][A-Za-z0-9_.+\-]{0,1023}$")
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 #: Most parts a relative path may have.
 MAX_PARTS = 8
@@ -119,7 +119,7 @@ def inside(base: Path, rel: str, field: str) -> Path:
 
 # ------------------------------------------------------------------------------------------- manifest shape
 def _digest(value: object, field: str) -> str:
-    if not isinstance(value, str) or not _HEX64.match(value):
+    if not isinstance(value, str) or not HEX64.match(value):
         raise ArtifactFormatError(f"manifest field {field} is not a digest (64 lowercase hex characters): "
                                   f"{str(value)[:80]!r}")
     return value

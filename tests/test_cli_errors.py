@@ -4,6 +4,8 @@ what was asked, 1 for a cache that cannot be used), and no directory created."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from _cli import cli, error_line
@@ -84,6 +86,7 @@ def test_api_raises_on_a_bad_cache_url(tmp_path, monkeypatch):
     ("PRECOMPILE_ENGINE", "turbo", "engine_mode"),
     ("PRECOMPILE_CACHE_MAX_BYTES", "lots", "local_max_bytes"),
     ("PRECOMPILE_EXPLAIN", "maybe", "explain_misses"),
+    ("PRECOMPILE_VLLM_PLATFORM", "maybe", "vllm_platform_enabled"),
 ])
 def test_bad_environment_values_name_the_variable(monkeypatch, name, value, call):
     from precompile import config
@@ -94,3 +97,18 @@ def test_bad_environment_values_name_the_variable(monkeypatch, name, value, call
         getattr(config, call)()
     with pytest.raises(ValueError):  # a ConfigError is a ValueError too
         getattr(config, call)()
+
+
+def test_vllm_platform_switch(monkeypatch, caplog):
+    """The accepted values of PRECOMPILE_VLLM_PLATFORM; another keeps the plugin out, with a warning naming it
+    (vLLM itself would swallow the error at debug level)."""
+    from precompile import config
+    from precompile.integrations.vllm_platform import platform_plugin
+
+    for value, enabled in (("", True), ("1", True), ("On", True), ("yes", True), ("0", False), ("off", False)):
+        monkeypatch.setenv("PRECOMPILE_VLLM_PLATFORM", value)
+        assert config.vllm_platform_enabled() is enabled, value
+    monkeypatch.setenv("PRECOMPILE_VLLM_PLATFORM", "disabled")
+    with caplog.at_level(logging.WARNING, logger="precompile"):
+        assert platform_plugin() is None
+    assert "PRECOMPILE_VLLM_PLATFORM must be 1 or 0 (true/false, yes/no, on/off), got 'disabled'" in caplog.text

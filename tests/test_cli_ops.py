@@ -8,6 +8,7 @@ warmup``; artifacts "from elsewhere" (another torch, another input dtype) are st
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -174,6 +175,16 @@ def test_export_import_round_trip_hits_and_a_tampered_bundle_is_refused(warmed, 
     tampered.write_bytes(bytes(data[:-100]))
     proc = cli("import", str(tampered), "--cache", str(dest), check=False)
     assert proc.returncode == 1 and "corrupt" in error_line(proc)
+    # rewritten with a checksum that matches, its first ref naming a manifest it lacks: refused before the cache
+    # is opened, like a bad checksum
+    forged = bytearray(bundle.read_bytes())
+    at = forged.index(out["refs"][0]["digest"].encode())
+    forged[at:at + 64] = b"0" * 64
+    forged[-32:] = hashlib.sha256(forged[:-40]).digest()
+    tampered.write_bytes(bytes(forged))
+    proc = cli("import", str(tampered), "--cache", str(tmp_path / "other"), check=False)
+    assert proc.returncode == 1 and f"lacks the manifest of {k['base'][:12]}" in error_line(proc)
+    assert not (tmp_path / "other").exists()
 
 
 def test_rebuild_for_this_environment_gives_working_keys(warmed, tmp_path):

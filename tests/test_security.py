@@ -335,6 +335,23 @@ def test_garbled_manifests_are_misses_never_exceptions(artifacts, tmp_path):
             precompile.load(tmp_path / "g.pc")
 
 
+
+@pytest.mark.parametrize("bad", ["[not a spec", "[1, 7]", "[9, {}]", "[" * 5000 + "]" * 5000, 7])
+def test_garbled_pytree_spec_is_a_format_error_and_a_dropped_cache_entry(bad, artifacts, tmp_path):
+    from cache_backends.base import MISS
+
+    c = artifacts("make_fx")
+    blobs = c.art.all_blobs()
+    doc = {**json.loads(c.art.manifest.to_json()), "calling": {"in_spec": bad, "out_spec": None}}
+    with pytest.raises(ArtifactFormatError, match=r"calling\.in_spec"):
+        Artifact(Manifest.from_dict(doc), blobs)
+    cache = open_cache(f"file://{tmp_path / 'cache'}")
+    for d, b in blobs.items():
+        cache.put_blob(b, d)
+    cache.set_ref(c.art.key, cache.put_blob(json.dumps(doc).encode()))
+    assert load_from_cache(c.art.key, cache) is None
+    assert cache.get_ref(c.art.key) is MISS  # a damaged entry is dropped so the next build replaces it
+
 def test_binary_file_counts_and_lengths_are_bounded(artifacts, tmp_path):
     import struct
 

@@ -48,14 +48,17 @@ def export_cmd(keys: tuple[str, ...], cache_url: str | None, output: str, export
 def import_cmd(bundle: str, cache_url: str | None, as_json: bool) -> None:
     """Check bundle file BUNDLE whole (checksum, every blob's digest, every artifact complete), then write its
     blobs and refs into the cache.  A bundle that fails a check is refused and nothing is written."""
-    from precompile.bundle import import_bundle, read_header
+    from precompile.bundle import check_bundle, import_bundle
 
     try:
-        read_header(bundle)  # a damaged or tampered bundle is refused before the cache is even opened
+        # a bundle that fails a check is refused before the cache is even opened (and leaves no progress bar)
+        with progress_bar("check", disable=as_json, transient=True) as progress:
+            task = progress.add_task("", total=None)
+            checked = check_bundle(bundle, lambda i, n: progress.update(task, completed=i, total=n))
         cache = open_for_write(cache_url)
         with progress_bar("import", disable=as_json) as progress:
             task = progress.add_task("", total=None)
-            refs, written = import_bundle(bundle, cache, lambda i, n: progress.update(task, completed=i, total=n))
+            refs, written = import_bundle(checked, cache, lambda i, n: progress.update(task, completed=i, total=n))
     except FileNotFoundError as err:
         click.echo(f"Error: no bundle at {bundle}: {err.strerror}", err=True)
         raise click.exceptions.Exit(1) from err

@@ -101,9 +101,10 @@ def open_for_write(url: str | None):
     return cache
 
 
-def progress_bar(label: str, disable: bool = False):
-    """A rich progress bar on stderr: ``with progress_bar("verify") as (bar, task): bar.update(task, ...)``."""
+def progress_bar(label: str, disable: bool = False, transient: bool = False):
+    """A rich progress bar on stderr: ``with progress_bar("verify") as (bar, task): bar.update(task, ...)``; a
+    ``transient`` one is erased when it ends."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     return Progress(TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    TextColumn("{task.description}"), console=console_err(), disable=disable, transient=False)
+                    TextColumn("{task.description}"), console=console_err(), disable=disable, transient=transient)

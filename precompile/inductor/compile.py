@@ -22,9 +22,12 @@ log = logging.getLogger("precompile.inductor")
 
 
 @contextlib.contextmanager
-def _private_cache_dir():
+def _build_cache_dir():
     """A fresh Inductor + Triton cache dir with in-memory code caches cleared, so the compile is complete
-    (nothing reused from earlier compiles in this process or on this disk) and every product lands in it."""
+    (nothing reused from earlier compiles in this process or on this disk) and every product lands in it.
+
+    Not :func:`precompile.inductor.portable._load_cache_dir`, which serializes loads under one per-process
+    directory and leaves Triton's cache dir and the in-memory caches alone."""
     root = tempfile.mkdtemp(prefix="precompile-build-")
     saved = {k: os.environ.get(k) for k in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = root
@@ -59,7 +62,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], run_input
         NotSaveableError: Inductor produced no cache entry (e.g. the graph holds an uncacheable op).
         Exception: whatever Inductor raised while compiling (the caller wraps it in ``BuildError``).
     """
-    with _private_cache_dir() as root:
+    with _build_cache_dir() as root:
         try:
             start = time.perf_counter()
             compiled, payload_bytes, aot = shim.standalone_compile(gm, example_inputs, dynamic_shapes, options or {})

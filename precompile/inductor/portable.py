@@ -40,10 +40,13 @@ def _private_root() -> Path:
 
 
 @contextmanager
-def _private_cache_dir():
+def _load_cache_dir():
     """Point Inductor's cache dir (``TORCHINDUCTOR_CACHE_DIR``, read by Inductor on every use) at a fresh private
     directory for the duration of a load.  Loads are serialized by a lock; a compile running at the same time in
-    another thread of this process writes into the private directory too, which only costs it its cache."""
+    another thread of this process writes into the private directory too, which only costs it its cache.
+
+    Not :func:`precompile.inductor.compile._build_cache_dir`, which also moves Triton's cache dir and clears
+    Inductor's in-memory code caches, before and after: a load does neither."""
     with _LOCK:
         old = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
         private = tempfile.mkdtemp(prefix="load-", dir=_private_root())
@@ -83,7 +86,7 @@ def load_engine(payload: bytes, binaries: dict[str, bytes] | None = None) -> Any
         aot_key, cache_bytes = data["aot_key"], data["cache_artifacts"]
     except Exception as err:  # noqa: BLE001
         raise ValueError(f"engine payload does not decode: {err}") from err
-    with _private_cache_dir() as base:
+    with _load_cache_dir() as base:
         for rel, data_bytes in (binaries or {}).items():
             target = names.inside(base, rel, "kernels[].relpaths")
             target.parent.mkdir(parents=True, exist_ok=True)

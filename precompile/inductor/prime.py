@@ -125,15 +125,14 @@ def record(fn: Any, inputs: list[Any]) -> list[dict[str, Any]]:
 
 
 def _decode(value: Any, device: torch.device) -> tuple[Any, int]:
-    """``(argument, bytes of tensors)`` for one encoded argument; ValueError if it breaks a bound."""
+    """``(argument, bytes of tensors)`` for one encoded argument (a tensor stays a spec); ValueError if it breaks a
+    bound (the bytes are bounded per call, by :func:`check_calls`)."""
     if isinstance(value, dict) and "t" in value:
         shape, stride, dtype = value["t"], value["s"], _DTYPES.get(value["d"])
         if (dtype is None or not isinstance(shape, list) or not isinstance(stride, list) or len(shape) != len(stride)
                 or len(shape) > MAX_DIMS or not all(type(n) is int and 0 <= n < 2**40 for n in shape + stride)):
             raise ValueError(f"tensor spec {str(value)[:80]}")
         nbytes = math.prod(shape) * dtype.itemsize  # logical size: a 0 stride does not make it small
-        if nbytes > MAX_CALL_BYTES:
-            raise ValueError(f"a tensor of {nbytes} bytes")
         return ("tensor", shape, stride, dtype, device), nbytes
     if (isinstance(value, dict) and "l" in value and isinstance(value["l"], list) and len(value["l"]) <= MAX_LIST
             and all(type(v) in _NUMBER and abs(v) <= MAX_INT for v in value["l"])):

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -46,12 +45,10 @@ from typing import Any
 
 import torch
 
+from cache_backends.base import HEX64
 from precompile import __version__, config
 
 log = logging.getLogger("precompile")
-
-#: vLLM versions (major.minor) whose compiler interface this adaptor was checked against.
-SUPPORTED_VLLM = ("0.32",)
 
 #: Inductor config entries vLLM passes that are Python objects: applied while Inductor runs, keyed by ``uuid()``.
 PASS_ENTRIES = ("pre_grad_custom_pass", "post_grad_custom_post_pass", "joint_custom_post_pass")
@@ -109,7 +106,10 @@ class PrecompileAdaptor(_interface_base()):  # type: ignore[misc]
     name = "precompile"
 
     def __init__(self, cache: Any = None) -> None:
-        _log_to_stderr()
+        if config.log_level():  # vLLM's workers configure no ``precompile`` logger: PRECOMPILE_LOG sends it to stderr
+            from precompile.cli.common import setup_logging
+
+            setup_logging()
         self.cache_spec = cache
         self.cache: Any = None
         self.disabled = False
@@ -181,7 +181,7 @@ class PrecompileAdaptor(_interface_base()):  # type: ignore[misc]
             ArtifactNotFoundError: the cache holds no intact artifact under that key.
         """
         if not (isinstance(handle, (tuple, list)) and len(handle) == 2 and all(isinstance(h, str) for h in handle)
-                and re.fullmatch(r"[0-9a-f]{64}", handle[0])):
+                and HEX64.fullmatch(handle[0])):
             raise ValueError(f"not a precompile handle: {handle!r} (expected (64-hex key, label))")
         from precompile.loading import load
 
@@ -249,17 +249,6 @@ class PrecompileAdaptor(_interface_base()):  # type: ignore[misc]
         self.records.append(rec)
         log.info("precompile %s %s range %s: %s in %.3f s (key %s, engine %s)", self.prefix or "-", piece,
                  compile_range, rec.outcome, seconds, art.key[:12], rec.engine_kind)
-
-
-def _log_to_stderr() -> None:
-    """vLLM runs the adaptor in its worker processes, where nobody configures the ``precompile`` logger: with
-    ``PRECOMPILE_LOG`` set (``INFO``, ``DEBUG``...), log to stderr at that level."""
-    level = config.log_level()
-    if level and not log.handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(asctime)s precompile %(levelname)s %(message)s", "%H:%M:%S"))
-        log.addHandler(handler)
-        log.setLevel(level.upper())
 
 
 def _range(compile_range: Any) -> tuple[int, int]:

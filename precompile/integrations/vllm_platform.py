@@ -39,8 +39,14 @@ def platform_plugin() -> str | None:
     Never raises: vLLM treats a raising plugin as absent, and so does this function (the reason is logged).
     """
     from precompile import config
+    from precompile.errors import ConfigError
 
-    if not config.vllm_platform_enabled():
+    try:
+        enabled = config.vllm_platform_enabled()
+    except ConfigError as err:  # vLLM would swallow it (logged at debug level): say here why the plugin stays out
+        log.warning("precompile's vLLM platform plugin is inactive: %s", err)
+        return None
+    if not enabled:
         return None
     try:
         from importlib.metadata import entry_points
