@@ -99,6 +99,7 @@ def _medians(runs: list[dict]) -> dict:
     for k in ("load_s", "first_call_s", "second_call_s", "steady_call_ms", "peak_extra_rss_mb"):
         out[k] = statistics.median(r[k] for r in runs)
     out["matches"] = all(r["matches"] for r in runs)
+    out["matches_own"] = all(r.get("matches_own") is not False for r in runs)
     return out
 
 
@@ -196,7 +197,7 @@ def main(argv=None) -> int:
                              "loaded_engine": build["paired_engine"]},
         "paired_loaded_vs_fresh": build["paired_loaded_ms"] / build["paired_fresh_ms"],
         "torch_peak_extra_rss_mb": t["peak_extra_rss_mb"], "peak_extra_rss_mb": o["peak_extra_rss_mb"],
-        "outputs_match": {"torch": t["matches"], "precompile": o["matches"]},
+        "outputs_match": {"torch": t["matches"], "precompile": o["matches"], "precompile_own_compile": o["matches_own"]},
         "max_abs_diff": {"torch": t["max_abs_diff"], "precompile": o["max_abs_diff"]},
         "artifact_bytes": build["artifact_bytes"], "torch_artifact_bytes": build["torch_artifact_bytes"],
         "kernels": build["kernels"], "placeholders": build["placeholders"],
@@ -240,7 +241,8 @@ def main(argv=None) -> int:
     con = Console(width=120)
     con.print(table)
     con.print(f"freshly compiled steady call: {result['compiled_call_ms']:.3f} ms; outputs equal to the fresh "
-              f"compile: torch {t['matches']}, precompile {o['matches']}; precompile engine: {o['engine']}")
+              f"compile: torch {t['matches']}, precompile {o['matches']} (to its own fresh compile, which "
+              f"precompile.passes may have rewritten: {o['matches_own']}); precompile engine: {o['engine']}")
     con.print(f"steady call, loaded vs fresh compile alternating in one process: {build['paired_loaded_ms']:.3f} vs "
               f"{build['paired_fresh_ms']:.3f} ms ({100 * (result['paired_loaded_vs_fresh'] - 1):+.1f}%, "
               f"{build['paired_engine']} engine)")

@@ -109,6 +109,7 @@ def phase_build_ours(a: argparse.Namespace, work: Path) -> dict:
         # the loaded callable (fast path: carried binaries) against the fresh compile, alternating in one process
         loaded = precompile.load(art.key, cache=url)
         fresh_ms, loaded_ms = _paired_ms(art, loaded, ex, a.device, max(a.calls, 100))
+        torch.save(_first(art(*ex)).detach().cpu(), work / "ref_ours.pt")  # what precompile compiled (rewrites)
     signed = _signed_cache(work, url, art.key)
     return {**signed, "precompile_compile_s": seconds, "precompile_compiled_call_ms": compiled_ms, "key": art.key,
             "paired_fresh_ms": fresh_ms, "paired_loaded_ms": loaded_ms, "paired_engine": loaded.engine_kind,
@@ -176,6 +177,7 @@ def phase_load(a: argparse.Namespace, work: Path, which: str, key: str, url: str
     return {"load_s": t1 - t0, "engine": getattr(fn, "engine_kind", "torch"), "first_call_s": t2 - t1,
             "second_call_s": t3 - t2, "steady_call_ms": steady,
             "peak_extra_rss_mb": (rss1 - rss0) / 1024, "matches": bool(torch.equal(got, ref)),
+            "matches_own": bool(torch.equal(got, torch.load(work / "ref_ours.pt"))) if which != "torch" else None,
             "max_abs_diff": float((got.float() - ref.float()).abs().max())}
 
 

@@ -27,7 +27,8 @@ Whether it pays depends on what the worker does between the load and its first r
 replayed calls took the wrapper's own first call from 0.32 s to 0.08 s, but when the first call follows the load
 at once, load + first call did not drop (0.47 s against 0.45 s for the Llama of docs/benchmarks.md): the lazily
 loaded cuBLAS and attention kernels are module loads that the CUDA driver serializes with the load's own cubin
-loads, so the thread cannot overlap them.  It is meant for workers that bind weights, allocate a KV cache or
+loads, so the thread cannot overlap them, and PyTorch keeps cuDNN's attention graphs in a ``thread_local`` cache,
+so a first call still builds its own after the thread's replay.  It is meant for workers that bind weights, allocate a KV cache or
 load other graphs after the load, where the replay could run while they do; that case is not measured.  So it
 is off unless ``PRECOMPILE_PRIME`` asks for it
 (:func:`precompile.config.prime_mode`: ``on`` for GPU graphs, ``all`` for CPU graphs too).
