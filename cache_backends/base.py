@@ -43,7 +43,7 @@ COUNTERS: Final = ("hits", "misses", "builds", "puts", "bytes_read", "bytes_writ
                    "waits", "takeovers", "loads_fast", "loads_portable", "untrusted")
 
 #: A digest or an artifact key: 64 lowercase hex characters.
-HEX64: Final = re.compile(r"^[0-9a-f]{64}$")
+HEX64: Final = re.compile(r"\A[0-9a-f]{64}\Z")  # \Z, not $: "$" also matches before a final newline
 
 
 #: Largest decompressed/compressed ratio accepted from a frame header (zstd's own bound is ~32768); a header

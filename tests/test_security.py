@@ -381,3 +381,16 @@ def test_garbled_counters_file_reads_as_zero(tmp_path):
     cache.incr(hits=1)
     (tmp_path / "c" / "stats.json").write_text("[" * 100_000 + "]" * 100_000)  # nested past the parser's depth
     assert cache.counters()["hits"] == 0 and cache.stats()["hit_rate"] == 0.0
+
+
+def test_a_name_with_a_trailing_newline_is_no_digest_and_names_no_file(tmp_path):
+    """``$`` matches before a final newline; digests and keys must be exactly 64 hex characters, so that no cache
+    file gets a name with a newline in it."""
+    cache = LocalCache(tmp_path / "c")
+    digest = digest_bytes(b"x")
+    for bad in (digest + "\n", "\n" + digest):
+        with pytest.raises(ValueError, match="64 lowercase hex"):
+            cache.set_ref(bad, digest)
+        with pytest.raises(ValueError, match="64 lowercase hex"):
+            cache.get_ref(bad)
+    assert not any("\n" in p.name for p in (tmp_path / "c").rglob("*"))
