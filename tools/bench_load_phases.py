@@ -99,6 +99,8 @@ def phase_build_ours(a: argparse.Namespace, work: Path) -> dict:
     import precompile
 
     gm, ex, options = _graph(a)
+    if not (work / "inputs.pt").exists():  # run alone (--phase build-ours), e.g. for tools/ttfo_probe.py
+        torch.save(ex, work / "inputs.pt")
     url = "file://" + str(work / "cache")
     t = time.perf_counter()
     art = precompile.standalone_compile(gm, ex, options=options, cache=url)
