@@ -34,10 +34,11 @@ _EXACT_DTYPES = (torch.float16, torch.bfloat16, torch.float64)
 
 
 def _value(arg: Any) -> torch.Tensor | None:
-    """The example value Dynamo (``example_value``) or a fake-tensor pass (``val``) left on a node, or None."""
-    if not isinstance(arg, torch.fx.Node):
-        return None
-    value = arg.meta.get("example_value", arg.meta.get("val"))
+    """The fake tensor Dynamo or a fake-tensor pass left on a node (:func:`precompile.inductor.shim.fake_value`),
+    or None."""
+    from precompile.inductor.shim import fake_value
+
+    value = fake_value(arg) if isinstance(arg, torch.fx.Node) else None
     return value if isinstance(value, torch.Tensor) else None
 
 

@@ -160,9 +160,8 @@ def prepare(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, dynamic_
     except (KeyError, TypeError) as err:
         raise OptionsError(str(err.args[0]) if err.args else str(err)) from err
     norm, flat = normalize_graph(gm, list(example_inputs))
-    rewrites = {}  # made before the key, so that the key describes the graph that compiles
-    if config.rewrites_enabled():
-        rewrites["outer_products_as_mul"] = passes.outer_products_as_mul(norm.gm)
+    # made before the key, so that the key describes the graph that compiles
+    outer = passes.outer_products_as_mul(norm.gm) if config.rewrites_enabled() else 0
     graph_json = graph_to_json(norm.gm)
     fakes = shapes.fake_values(norm.gm)
     symbols = shapes.symbols_of(fakes) if dynamic_shapes != "from_example_inputs" else None
@@ -198,7 +197,7 @@ def prepare(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, dynamic_
                 inductor_config=inductor_config, env=env, devices=devices, symbols=symbols, fake_values=fakes,
                 compile_inputs=flat if symbols else run_inputs, run_inputs=run_inputs,
                 dynamic_shapes=dynamic_shapes, runnable=runnable, size_range=size_range,
-                rewrites={name: n for name, n in rewrites.items() if n})
+                rewrites={"outer_products_as_mul": outer} if outer else {})
     return norm, plan
 
 

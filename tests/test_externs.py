@@ -30,3 +30,12 @@ def test_bias_addmm_stand_in_matches_inductors(bias):
     out = torch.empty(8, 4)
     externs.bias_addmm(inp, mat1, mat2, out=out)
     assert torch.equal(out, bias_addmm(inp, mat1, mat2))
+
+
+def test_the_fast_plan_resolves_inductors_bias_addmm_to_the_stand_in():
+    import torch._inductor.kernel.mm  # noqa: F401 - defines Inductor's extern kernel choices
+
+    from precompile.inductor import fast_plan, shim
+
+    assert fast_plan.extern_ref(shim.extern_kernel("bias_addmm")) == "precompile.inductor.externs:bias_addmm"
+    assert fast_plan.extern_ref(shim.extern_kernel("mm")) == "torch:mm"  # torch's own ops stay as they are

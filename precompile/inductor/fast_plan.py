@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import re
@@ -73,10 +74,10 @@ def fast_plan(result: BuildResult, run_inputs: list[Any] | None, more_inputs: li
     extern: dict[str, str] = {}
     for ename in sorted(set(re.findall(r"\bextern_kernels\.(\w+)", source))):
         fn = shim.extern_kernel(ename)
-        ref = _importable_name(fn)
+        ref = extern_ref(fn)
         if ref is None:
             return None, f"extern kernel {ename} ({fn!r}) is not importable by name"
-        extern[ename] = externs.STAND_INS.get(ref, ref)  # never Inductor's own module on the load path
+        extern[ename] = ref
     ops = [{"op": f"{ns}::{op}", "module": _defining_module(ns, op)}
            for ns, op in sorted(set(_OP_CALL.findall(source))) if ns not in _TORCH_NAMESPACES]
     plan = {"wrapper": name, "source": runtime.rewrite_wrapper(source), "extern": extern, "ops": ops,
@@ -91,16 +92,13 @@ def fast_plan(result: BuildResult, run_inputs: list[Any] | None, more_inputs: li
                                  mutated=result.mutated_inputs, defers_alignment=result.defers_alignment,
                                  rewritten=True)
         for i, inputs in enumerate([run_inputs, *more_inputs]):
-            differs = _compare(result, fast, inputs, required=i == 0)
+            # the example run also records the library calls a load may replay (precompile.inductor.prime)
+            differs = _compare(result, fast, inputs, required=i == 0, library_calls=plan if i == 0 else None)
             if differs:
                 where = "on the example inputs" if i == 0 else f"on validation input set {i} (other sizes)"
                 return None, f"{differs} {where}"
     except Exception as err:  # noqa: BLE001 - any failure only turns the fast path off
         return None, f"validation failed: {type(err).__name__}: {err}"
-    try:  # the library calls a load replays before the first call (precompile.inductor.prime)
-        plan["prime"] = prime.record(fast, runs.inputs_for_run(run_inputs, result.mutated_inputs))
-    except Exception as err:  # noqa: BLE001 - without them, the first call sets the libraries up
-        log.info("library calls not recorded for priming: %s: %s", type(err).__name__, err)
     return plan, None
 
 
@@ -143,10 +141,12 @@ def _unvalidated_reasons(result: BuildResult, graph_outputs: tuple[int, bool] | 
     return None
 
 
-def _compare(result: BuildResult, fast: Any, inputs: list[Any], required: bool) -> str | None:
+def _compare(result: BuildResult, fast: Any, inputs: list[Any], required: bool,
+             library_calls: dict[str, Any] | None = None) -> str | None:
     """Run the fresh callable and the fast one on their own copies of what the graph writes to; None if outputs
     and written inputs are equal bit for bit, else what differs.  An input set that is not ``required`` (made
-    up at other sizes) and that the fresh callable itself rejects is skipped."""
+    up at other sizes) and that the fresh callable itself rejects is skipped.  With ``library_calls`` (a plan),
+    the fast run's library calls are recorded into its ``"prime"``."""
     mutated = result.mutated_inputs
     fresh_inputs = runs.inputs_for_run(inputs, mutated)
     fast_inputs = runs.inputs_for_run(inputs, mutated)
@@ -158,7 +158,10 @@ def _compare(result: BuildResult, fast: Any, inputs: list[Any], required: bool) 
                 raise
             log.debug("the fresh compile rejects the validation inputs at other sizes (%s); skipped", err)
             return None
-        got = _as_list(fast(*fast_inputs))
+        with prime.recording() if library_calls is not None else contextlib.nullcontext() as calls:
+            got = _as_list(fast(*fast_inputs))
+        if library_calls is not None:
+            library_calls["prime"] = calls
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     why = runs.same_values(want, got)
@@ -175,6 +178,14 @@ def _as_list(out: Any) -> list[Any]:
     """A callable's outputs as a list: Inductor's callable returns a graph's single output unwrapped, the
     wrapper's ``call`` a tuple of one."""
     return list(out) if isinstance(out, (list, tuple)) else [out]
+
+
+def extern_ref(fn: Any) -> str | None:
+    """The ``"module:qualname"`` a fast load resolves extern kernel ``fn`` by: its stand-in's where
+    :data:`precompile.inductor.externs.STAND_INS` has one (never Inductor's own module on the load path), else its
+    own; None when it cannot be imported by name."""
+    ref = _importable_name(fn)
+    return externs.STAND_INS.get(ref, ref) if ref is not None else None
 
 
 def _importable_name(fn: Any) -> str | None:

@@ -36,10 +36,12 @@ is off unless ``PRECOMPILE_PRIME`` asks for it
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -107,7 +109,7 @@ class _Recorder(TorchDispatchMode):
                     raise ValueError("it draws random numbers")
                 call = {"op": op, "overload": overload or "default", "device": tensors[0].device.type,
                         "args": [_encode(a) for a in args], "kwargs": {k: _encode(v) for k, v in kwargs.items()}}
-            except (ValueError, IndexError) as err:
+            except Exception as err:  # noqa: BLE001 - recording never changes the run it watches
                 log.debug("library call %s not recorded for priming: %s", func.name(), err)
             else:
                 if call not in self.calls:
@@ -115,14 +117,22 @@ class _Recorder(TorchDispatchMode):
         return out
 
 
-def record(fn: Any, inputs: list[Any]) -> list[dict[str, Any]]:
-    """Call ``fn(*inputs)`` once (under ``no_grad``) and return its distinct :data:`LIBRARY_OPS` calls, each
-    ``{"op", "overload", "device": "cuda"|"cpu", "args": [...], "kwargs": {...}}`` with tensors as
-    ``{"t": shape, "s": stride, "d": dtype}``.  ``inputs`` may be written to (pass copies)."""
+@contextlib.contextmanager
+def recording() -> Iterator[list[dict[str, Any]]]:
+    """Record, while the block runs, the distinct :data:`LIBRARY_OPS` calls made in this thread, into the list it
+    yields: each ``{"op", "overload", "device": "cuda"|"cpu", "args": [...], "kwargs": {...}}`` with tensors as
+    ``{"t": shape, "s": stride, "d": dtype}``.  Every op still runs as it would without the recording."""
     recorder = _Recorder()
-    with torch.no_grad(), recorder:
+    with recorder:
+        yield recorder.calls
+
+
+def record(fn: Any, inputs: list[Any]) -> list[dict[str, Any]]:
+    """Call ``fn(*inputs)`` once (under ``no_grad``) and return its distinct library calls (see
+    :func:`recording`).  ``inputs`` may be written to (pass copies)."""
+    with torch.no_grad(), recording() as calls:
         fn(*inputs)
-    return recorder.calls
+    return calls
 
 
 def _decode(value: Any, device: torch.device) -> tuple[Any, int]:
