@@ -16,6 +16,7 @@ state at ``standalone_compile``, or Dynamo's when a ``torch.compile`` backend is
 | ``float32_matmul_precision`` | TF32 / bf16 matmul templates and autotune choices |
 | ``cuda_matmul`` | (CUDA graphs) fp32 precision, fp16/bf16 reduced-precision reductions |
 | ``cpu_threads`` | (CPU graphs, unless ``cpp.threads`` is set or threads are dynamic) C++ kernels are built for it |
+| ``sdpa`` | (graphs calling ``scaled_dot_product_attention``) the attention backends enabled and, on CUDA, their priority order: the backend is picked when the graph is traced (:mod:`precompile.sdpa`) |
 
 Proven irrelevant, so not factors (tests/test_ambient.py): ``torch.inference_mode`` (grad is off in it, and
 Inductor produces the same code as under ``no_grad``), and cuDNN's flags, which act when the artifact runs, as
@@ -29,13 +30,17 @@ from typing import Any
 import torch
 
 
-def ambient_state(devices: set[str] | frozenset[str], cpp_threads_fixed: bool) -> dict[str, Any]:
+def ambient_state(devices: set[str] | frozenset[str], cpp_threads_fixed: bool, calls_sdpa: bool = False,
+                  sdpa_order: list[str] | None = None) -> dict[str, Any]:
     """The ambient key factors of this thread for a graph on ``devices``, JSON-ready (see module docstring).
 
     Args:
         devices: device types of the graph's tensors (``{"cpu"}``, ``{"cuda"}``...).
         cpp_threads_fixed: Inductor's C++ kernels do not depend on the thread count here (``cpp.threads`` is
             set, or ``cpp.dynamic_threads``): then ``cpu_threads`` is left out.
+        calls_sdpa: the graph calls ``scaled_dot_product_attention``: then ``sdpa`` is a factor.
+        sdpa_order: the SDPA priority order the graph is compiled under, where precompile sets one; None: torch's
+            own (:func:`precompile.sdpa.state`).
     """
     state: dict[str, Any] = {
         "grad_enabled": torch.is_grad_enabled(),
@@ -53,4 +58,8 @@ def ambient_state(devices: set[str] | frozenset[str], cpp_threads_fixed: bool) -
                                 bool(matmul.allow_bf16_reduced_precision_reduction)]
     if "cpu" in devices and not cpp_threads_fixed:
         state["cpu_threads"] = torch.get_num_threads()
+    if calls_sdpa:
+        from precompile import sdpa
+
+        state["sdpa"] = sdpa.state(devices, sdpa_order)
     return state

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from cache_backends.base import Cache, digest_bytes
-from precompile import __version__, config, fingerprint, metrics, symbolic
+from precompile import __version__, config, fingerprint, metrics, sdpa, symbolic
 from precompile.artifact import Artifact
 from precompile.cache_io import load_from_cache, safe_incr, store, warn_once
 from precompile.coordination import get_or_build
@@ -152,9 +152,10 @@ def build(norm: NormalizedGraph, plan: Plan) -> Artifact:
 
     log.info("compiling %s (%d placeholders)", plan.key[:12], len(plan.specs))
     try:
-        result = inductor_compile.compile_graph(norm.gm, plan.compile_inputs,
-                                                plan.run_inputs if plan.runnable else None,
-                                                dynamic_shapes=plan.dynamic_shapes, options=plan.options)
+        with sdpa.priority(plan.sdpa_order):
+            result = inductor_compile.compile_graph(norm.gm, plan.compile_inputs,
+                                                    plan.run_inputs if plan.runnable else None,
+                                                    dynamic_shapes=plan.dynamic_shapes, options=plan.options)
     except NotSaveableError as err:
         raise BuildError(f"Inductor compiled the graph but it cannot be stored: {err}") from err
     except PrecompileError:

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from cache_backends.base import digest_bytes
-from precompile import config, fingerprint, passes
+from precompile import config, fingerprint, passes, sdpa
 from precompile.ambient import ambient_state
 from precompile.errors import InputMismatchError, OptionsError
 from precompile.graph import NormalizedGraph, canonical_graph, canonical_json, graph_to_json, normalize_graph
@@ -40,7 +40,10 @@ class Plan:
         dynamic_shapes: the mode passed to Inductor.
         runnable: whether the example inputs may be run (see ``standalone_compile``).
         size_range: ``(lower, upper)`` the caller vouches for on every size symbol of the graph, or None.
-        rewrites: how many nodes each exact rewrite of :mod:`precompile.passes` changed before the key, by name.
+        rewrites: how many nodes each rewrite changed before the key, by name (:mod:`precompile.passes`; and
+            ``sdpa_fast_start``: SDPA calls compiled with flash attention ahead of cuDNN, :mod:`precompile.sdpa`).
+        sdpa_order: the SDPA priority order the graph is compiled under (backend names), or None for torch's as
+            it stands.
     """
 
     key: str
@@ -59,6 +62,7 @@ class Plan:
     runnable: bool = True
     size_range: tuple[int, int | None] | None = None
     rewrites: dict[str, int] = field(default_factory=dict)
+    sdpa_order: list[str] | None = None
 
 
 def compute_key(factors: dict[str, Any]) -> str:
@@ -161,7 +165,8 @@ def prepare(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, dynamic_
         raise OptionsError(str(err.args[0]) if err.args else str(err)) from err
     norm, flat = normalize_graph(gm, list(example_inputs))
     # made before the key, so that the key describes the graph that compiles
-    outer = passes.outer_products_as_mul(norm.gm) if config.rewrites_enabled() else 0
+    rewrite = config.rewrites_enabled()
+    outer = passes.outer_products_as_mul(norm.gm) if rewrite else 0
     graph_json = graph_to_json(norm.gm)
     fakes = shapes.fake_values(norm.gm)
     symbols = shapes.symbols_of(fakes) if dynamic_shapes != "from_example_inputs" else None
@@ -177,6 +182,10 @@ def prepare(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, dynamic_
         ranges = {name: [lo, hi] for name in symbols.ranges}
     run_inputs = [concrete(x, s["name"]) for x, s in zip(flat, specs)]
     devices = {s["device"] for s in specs if s.get("type") == "tensor"} or {"cpu"}
+    attention = sdpa.sdpa_calls(norm.gm)
+    torch_order = sdpa.settled_order() if attention and "cuda" in devices else None
+    sdpa_order = sdpa.fast_start_order(torch_order) if torch_order and rewrite else torch_order
+    rewrites = {"outer_products_as_mul": outer, "sdpa_fast_start": attention if sdpa_order != torch_order else 0}
     env = fingerprint.environment(devices, full=False)  # key fields only; the build records the rest
     inductor_config = canonical_json(effective)
     threads_fixed = int(effective.get("cpp.threads", -1) or -1) >= 1 or bool(effective.get("cpp.dynamic_threads"))
@@ -187,7 +196,7 @@ def prepare(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, dynamic_
         "symbols": {name: ranges[name] for name in sorted(ranges)},
         "options": opts,
         "inductor_config": digest_bytes(inductor_config),
-        "ambient": ambient_state(devices, threads_fixed),
+        "ambient": ambient_state(devices, threads_fixed, bool(attention), sdpa_order),
         "env": fingerprint.key_fields(env),
         "dynamic_shapes": "symbolic" if symbols else "static",
         "calling": [norm.in_spec, norm.out_spec],
@@ -197,7 +206,7 @@ def prepare(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, dynamic_
                 inductor_config=inductor_config, env=env, devices=devices, symbols=symbols, fake_values=fakes,
                 compile_inputs=flat if symbols else run_inputs, run_inputs=run_inputs,
                 dynamic_shapes=dynamic_shapes, runnable=runnable, size_range=size_range,
-                rewrites={"outer_products_as_mul": outer} if outer else {})
+                rewrites={name: n for name, n in rewrites.items() if n}, sdpa_order=sdpa_order)
     return norm, plan
 
 

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from cache_backends.base import MISS, Cache, digest_bytes
-from precompile import config, fingerprint
+from precompile import config, fingerprint, sdpa
 from precompile.errors import PrecompileError
 from precompile.manifest import Manifest
 
@@ -116,6 +116,7 @@ def ambient(recorded: dict[str, Any]) -> Iterator[None]:
                 torch.set_float32_matmul_precision(recorded["float32_matmul_precision"])
             if "cpu_threads" in recorded:
                 torch.set_num_threads(int(recorded["cpu_threads"]))
+            stack.enter_context(sdpa.restored(recorded.get("sdpa")))
             if "cuda_matmul" in recorded and torch.cuda.is_available():
                 fp32, fp16, bf16 = recorded["cuda_matmul"]
                 matmul = torch.backends.cuda.matmul
@@ -204,6 +205,7 @@ def rebuild_one(cache: Cache, key: str, *, force: bool = False) -> Outcome:
                            {}, in_spec, out_spec)
     from precompile.ambient import ambient_state
     from precompile.inductor import options as inductor_options
+    from precompile.inductor import shim
 
     with ambient(factors.get("ambient") or {}):
         try:
@@ -212,7 +214,7 @@ def rebuild_one(cache: Cache, key: str, *, force: bool = False) -> Outcome:
         except (KeyError, TypeError) as err:
             return done("refused", f"its options are not valid Inductor options here: {err}")
         fixed = int(effective.get("cpp.threads", -1) or -1) >= 1 or bool(effective.get("cpp.dynamic_threads"))
-        here = ambient_state(devices, fixed)
+        here = ambient_state(devices, fixed, "sdpa" in (factors.get("ambient") or {}))
         if here != factors.get("ambient"):
             return done("refused", f"its ambient state cannot be restored here (recorded {factors.get('ambient')}, "
                                    f"got {here})")
@@ -227,6 +229,7 @@ def rebuild_one(cache: Cache, key: str, *, force: bool = False) -> Outcome:
                     fake_values=[None] * len(inputs), compile_inputs=inputs, run_inputs=inputs,
                     dynamic_shapes="from_example_inputs")
         try:
+            shim.record_example_values(gm, inputs)
             art = build(norm, plan)
             want_inputs = [x.detach().clone() if isinstance(x, torch.Tensor) else x for x in inputs]
             got_inputs = [x.detach().clone() if isinstance(x, torch.Tensor) else x for x in inputs]

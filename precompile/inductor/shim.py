@@ -107,6 +107,23 @@ def extern_kernel(name: str) -> Any:
 
 
 # ------------------------------------------------------------------------------------------ shapes, guards
+def record_example_values(gm: torch.fx.GraphModule, inputs: list[Any]) -> None:
+    """Give every node of ``gm`` (a graph rebuilt from JSON, which keeps no metadata) the fake ``example_value``
+    Dynamo records, by propagating fake copies of ``inputs``: torch 2.13's AOTAutograd cache only stores a graph
+    whose method calls are on nodes with one (``autograd_cache.check_node_safe``).
+
+    Raises:
+        whatever the graph raises when run on fake ``inputs`` (a graph that cannot run on them).
+    """
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    FakeTensorProp(gm, FakeTensorMode(allow_non_fake_inputs=True)).propagate(*inputs)
+    for node in gm.graph.nodes:
+        if "val" in node.meta:
+            node.meta["example_value"] = node.meta.pop("val")
+
+
 def fake_value(node: torch.fx.Node) -> Any:
     """The fake value (FakeTensor, SymInt, int) Dynamo or export recorded for an FX node, or None."""
     return node.meta.get("val", node.meta.get("example_value"))
