@@ -9,6 +9,7 @@ import torch
 
 from cache_backends.base import MISS, Cache
 from precompile import metrics
+from precompile.engine import start_primer
 from precompile.errors import ArtifactFormatError, ArtifactNotFoundError, CacheError, UnsafePathError
 from precompile.manifest import Manifest, load_json
 
@@ -59,6 +60,7 @@ def load_from_cache(key: str, cache: str | Cache | None, *, bound: dict[int, tor
         if manifest.key != key:
             _drop_ref(c, key, f"its manifest names another key {manifest.key[:12]}")
             return None
+        primer = start_primer(manifest)  # the replay, where asked for, runs while the blobs are read and checked
         needed = manifest.load_digests()
         got = c.get_blobs(needed)
         lost = [d for d, v in got.items() if v is MISS]
@@ -94,7 +96,9 @@ def load_from_cache(key: str, cache: str | Cache | None, *, bound: dict[int, tor
         return {d: v for d, v in found.items() if v is not MISS}
 
     try:
-        return Artifact(manifest, got, bound=bound, source="cache", blob_reader=reader, cache=c)
+        art = Artifact(manifest, got, bound=bound, source="cache", blob_reader=reader, cache=c)
+        art.primer = primer
+        return art
     except ArtifactFormatError as err:  # a manifest whose digests check but whose specs or guards do not parse
         _drop_ref(c, key, str(err))
         return None

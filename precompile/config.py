@@ -11,8 +11,8 @@ temporary directory by setting the environment before the call.
 | ``PRECOMPILE_LOG`` | log level of the ``precompile`` logger (``INFO``, ``DEBUG``...) | unset: inherit |
 | ``PRECOMPILE_ENGINE`` | ``auto`` (fast path where the artifact offers one) or ``portable`` (always rebuild through Inductor's cache entries) | ``auto`` |
 | ``PRECOMPILE_VLLM_PLATFORM`` | ``0`` (or false/no/off) keeps precompile's vLLM platform plugin inactive, ``1`` (or true/yes/on) lets it take part (see ``precompile.integrations.vllm_platform``) | ``1`` |
-| ``PRECOMPILE_PRIME`` | whether a fast load replays the graph's library calls (cuBLAS, cuDNN, attention) in a background thread that the first call waits for (see ``precompile.inductor.prime``): ``off``, ``on`` (GPU graphs) or ``all`` (CPU graphs too); meant for a worker that does other work between the load and its first request (not measured) | ``off`` |
-| ``PRECOMPILE_REWRITES`` | ``on``: exact graph rewrites before the key (``precompile.passes``: a GPU matmul with an inner dimension of 1 becomes a multiply, so that a first call loads no cuBLAS kernel for it); ``off`` compiles the graph as given, for bits equal to torch's own compile of it | ``on`` |
+| ``PRECOMPILE_PRIME`` | whether a fast load replays the graph's library calls (cuBLAS, cuDNN, attention) in background threads, started once the manifest is verified, that the first call waits for (see ``precompile.inductor.prime``): ``off``, ``on`` (GPU graphs) or ``all`` (CPU graphs too) | ``on`` |
+| ``PRECOMPILE_REWRITES`` | ``on``: choices for a short first call, made before the key: exact graph rewrites (``precompile.passes``: a GPU matmul with an inner dimension of 1 becomes a multiply, so that a first call loads no cuBLAS kernel for it) and, for CUDA graphs, flash and memory-efficient attention ahead of cuDNN's (``precompile.sdpa``: no per-process cuDNN plan build); ``off`` compiles the graph as given under torch's own choices, for bits equal to torch's own compile of it | ``on`` |
 | ``PRECOMPILE_EXPLAIN`` | ``1``: on a miss, ``standalone_compile`` logs the closest stored artifact and the factors that differ (reads every stored manifest: for debugging) | ``0`` |
 | ``PRECOMPILE_SIGNING_KEY`` | builders: path of the Ed25519 private key (PEM) every stored or saved manifest is signed with; its public key is trusted too | unset: nothing signed |
 | ``PRECOMPILE_VERIFY_KEYS`` | serving workers: comma-separated Ed25519 public keys (``ed25519:<64 hex>``, or files of them / PEM); set, only artifacts signed by one of them load | unset: nothing checked |
@@ -143,14 +143,14 @@ def verify_keys_text() -> str:
 
 
 def prime_mode() -> str:
-    """``"off"`` (the default: measured not to pay when the first call follows the load at once, see
-    docs/benchmarks.md), ``"on"`` (GPU graphs are primed) or ``"all"`` (CPU graphs too), from
-    ``PRECOMPILE_PRIME`` (see :mod:`precompile.inductor.prime`).
+    """``"off"``, ``"on"`` (the default: GPU graphs are primed; measured to shorten a GPU load + first call, see
+    docs/benchmarks.md) or ``"all"`` (CPU graphs too), from ``PRECOMPILE_PRIME`` (see
+    :mod:`precompile.inductor.prime`).
 
     Raises:
         ConfigError: the variable holds another value.
     """
-    raw = (os.environ.get("PRECOMPILE_PRIME") or "off").strip().lower()
+    raw = (os.environ.get("PRECOMPILE_PRIME") or "on").strip().lower()
     mode = {"1": "on", "true": "on", "yes": "on", "0": "off", "false": "off", "no": "off"}.get(raw, raw)
     if mode not in ("off", "on", "all"):
         raise ConfigError(f"PRECOMPILE_PRIME must be off, on or all, got {raw!r}")
@@ -158,7 +158,8 @@ def prime_mode() -> str:
 
 
 def rewrites_enabled() -> bool:
-    """Whether :mod:`precompile.passes` rewrites graphs before the key, from ``PRECOMPILE_REWRITES`` (``on``, the
+    """Whether :mod:`precompile.passes` rewrites graphs, and CUDA graphs are compiled with flash attention ahead of
+    cuDNN's (:mod:`precompile.sdpa`), before the key, from ``PRECOMPILE_REWRITES`` (``on``, the
     default, or ``off``).  The key describes the graph compiled either way, so the setting needs no key factor.
 
     Raises:

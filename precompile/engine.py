@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from precompile import config
+from precompile.errors import ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover
     from precompile.artifact import Artifact
@@ -63,11 +64,32 @@ def build_engine(art: Artifact) -> Callable[..., Any]:
     return engine
 
 
+def start_primer(manifest: Any) -> Any:
+    """Start replaying the library calls ``manifest``'s fast path recorded (:mod:`precompile.inductor.prime`), as
+    ``PRECOMPILE_PRIME`` asks, as soon as a load has verified the manifest, so that the replay runs while its blobs
+    are read and its binaries loaded; the :class:`~precompile.inductor.prime.Primer`, or None (priming off, a bad
+    setting, left for :func:`build_engine` to report, or nothing to replay).
+
+    Raises:
+        nothing.
+    """
+    fast = manifest.parts.get("fast")
+    try:
+        mode = config.prime_mode() if fast and config.engine_mode() == "auto" else "off"
+    except ConfigError:
+        return None
+    if mode == "off":
+        return None
+    from precompile.inductor import prime
+
+    return prime.start(fast.get("prime"), mode == "all")
+
+
 def _load_fast(art: Artifact, fast: dict[str, Any], prime_mode: str) -> Callable[..., Any]:
     from precompile.inductor.runtime import load_fast
 
-    primer = None
-    if prime_mode != "off":  # the library calls the first call would set up, replayed while the load runs
+    primer = art.primer  # started by the cache read (start_primer), or here
+    if primer is None and prime_mode != "off":  # the library calls the first call would set up, replayed beside
         from precompile.inductor import prime
 
         primer = art.primer = prime.start(fast.get("prime"), prime_mode == "all")

@@ -29,8 +29,8 @@ if sys.argv[4:] == ["warm-custom-ops"]:  # a Python custom op's first call impor
     one = torch.ones(1, device="cuda")
     _custom_ops.scale_add(one, one, 1.0), _custom_ops.bump_(one.clone(), one)
 before = set(sys.modules)
-if "prime" in sys.argv[4:]:  # the graph's library calls replayed beside the load
-    os.environ["PRECOMPILE_PRIME"] = "on"
+# the graph's library calls replayed beside the load (the default for GPU graphs) only where a test asks
+os.environ["PRECOMPILE_PRIME"] = "on" if "prime" in sys.argv[4:] else "off"
 import precompile
 art = precompile.load(sys.argv[1])
 compile_time = ("torch._inductor", "torch._dynamo", "triton", "sympy")
@@ -104,7 +104,7 @@ def test_decode_step_writes_caller_buffers_on_the_gpu(tmp_path):
     caches = {i for i, s in enumerate(art.placeholders) if s["name"] in ("l_k_cache_", "l_v_cache_")}
     misaligned = [_graphs.misaligned_like(v) if i in caches else v for i, v in enumerate(example)]
     report = _roundtrip(art, [example, misaligned], tmp_path, "warm-custom-ops")
-    assert report.pop("primed") is None  # priming is off by default
+    assert report.pop("primed") is None  # priming is off in LOAD_AND_CALL unless asked
     assert report == {"engine": "fast", "new_modules": [], "after_calls": []}
 
 
@@ -121,7 +121,7 @@ def test_multi_kernel_pick_is_made_at_build_and_loaded(tmp_path):
     assert picks, "Inductor generated no multi-kernel for this graph"
     assert art.manifest.parts["fast"] is not None and art.manifest.parts["fast"]["multi_kernel"] == picks
     report = _roundtrip(art, [example, [torch.randn_like(x)]], tmp_path)
-    assert report.pop("primed") is None  # priming is off by default
+    assert report.pop("primed") is None  # priming is off in LOAD_AND_CALL unless asked
     assert report == {"engine": "fast", "new_modules": [], "after_calls": []}
     shown = run_python("from precompile.cli import main; main()", "inspect", str(tmp_path / "a.pc"),
                        env={"COLUMNS": "200"})
@@ -137,7 +137,7 @@ def test_user_triton_kernel_through_triton_op(tmp_path):
         art = precompile.standalone_compile(gm, example)
     assert art.manifest.parts["fast"] is not None, art.manifest.build["fast_off"]
     report = _roundtrip(art, [example], tmp_path)
-    assert report.pop("primed") is None  # priming is off by default
+    assert report.pop("primed") is None  # priming is off in LOAD_AND_CALL unless asked
     assert report == {"engine": "fast", "new_modules": [], "after_calls": []}
 
 
@@ -185,3 +185,39 @@ def test_rotary_outer_product_is_a_multiply_and_calls_no_library(tmp_path):
         del os.environ["PRECOMPILE_REWRITES"]
     assert plain.key != art.key and plain.manifest.build["rewrites"] == {}
     assert [c["op"] for c in plain.manifest.parts["fast"]["prime"]] in (["mm"], ["bmm"])
+
+
+def test_attention_compiles_to_flash_ahead_of_cudnn(tmp_path):
+    """CUDA graphs are compiled with flash and memory-efficient attention ahead of cuDNN's (precompile.sdpa), so a
+    first call builds no cuDNN plan; ``PRECOMPILE_REWRITES=off`` compiles under torch's own order."""
+    from test_sdpa import Attention
+
+    from precompile import sdpa
+
+    torch.manual_seed(0)
+    model = Attention(hidden=256, heads=4).cuda().to(torch.bfloat16).eval()
+    x = torch.randn(2, 128, 256, device="cuda", dtype=torch.bfloat16)
+    gm, example = _graphs.capture(model, (x,))
+    with torch.no_grad():
+        art = precompile.standalone_compile(gm, example)
+        want = model(x)
+    torch_order = sdpa.settled_order()
+    assert art.manifest.factors["ambient"]["sdpa"]["order"] == sdpa.fast_start_order(torch_order)
+    ops = [c["op"] for c in art.manifest.parts["fast"]["prime"]]
+    assert "_scaled_dot_product_flash_attention" in ops and "_scaled_dot_product_cudnn_attention" not in ops, ops
+    report = _roundtrip(art, [example], tmp_path)
+    assert report["engine"] == "fast" and report["new_modules"] == [], report
+    with torch.no_grad():
+        assert_same_output(art(*example)[0], want, rtol=2e-2, atol=2e-2, where="against eager")
+    os.environ["PRECOMPILE_REWRITES"] = "off"
+    try:
+        with torch.no_grad():
+            plain = precompile.standalone_compile(gm, example)
+    finally:
+        del os.environ["PRECOMPILE_REWRITES"]
+    assert plain.manifest.factors["ambient"]["sdpa"]["order"] == torch_order
+    plain_ops = [c["op"] for c in plain.manifest.parts["fast"]["prime"]]
+    print(f"torch's SDPA order here: {torch_order}; its compile calls {plain_ops}; precompile's: {ops}")
+    if torch_order[0] == "cudnn":  # Hopper/Blackwell: torch would build a cuDNN plan on the first call
+        assert plain.key != art.key and "_scaled_dot_product_cudnn_attention" in plain_ops
+        assert art.manifest.build["rewrites"] == {"sdpa_fast_start": 1}

@@ -51,11 +51,28 @@ def test_replayed_beside_the_load_and_outputs_unchanged(stored, monkeypatch):
     assert _same(got, want) and _same(again, want)
 
 
+def test_a_cache_read_starts_the_replay_before_the_blobs_are_read(stored, monkeypatch):
+    """The replay starts once the manifest is verified, so it runs while the blobs are read and checked and the
+    binaries loaded, not after."""
+    from precompile.cache_io import load_from_cache
+
+    url, key, inputs, want = stored
+    monkeypatch.setenv("PRECOMPILE_PRIME", "all")
+    art = load_from_cache(key, url)  # the manifest and blobs read: no engine built yet
+    assert art.primer is not None and art._engine is None
+    art.primer.wait()
+    assert (art.primer.done, art.primer.failed) == (2, 0)
+    primer = art.primer
+    with torch.no_grad():
+        assert _same(art(*inputs), want)
+    assert art.engine_kind == "fast" and art.primer is primer  # the engine waited on it, and started no other
+
+
 @pytest.mark.parametrize("setting", [None, "off", "on"])
 def test_cpu_graphs_are_not_primed_unless_asked(stored, monkeypatch, setting):
     url, key, inputs, want = stored
     if setting is None:
-        monkeypatch.delenv("PRECOMPILE_PRIME", raising=False)  # the default: off
+        monkeypatch.delenv("PRECOMPILE_PRIME", raising=False)  # the default: on, GPU graphs only
     else:
         monkeypatch.setenv("PRECOMPILE_PRIME", setting)  # on: GPU graphs only
     art = precompile.load(key, cache=url)

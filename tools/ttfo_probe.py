@@ -5,10 +5,10 @@ Scenarios (each a fresh process; ``import torch``, ``import precompile``, readin
 recorded library calls are not timed; every step is synced):
 
 - ``plain``: ``precompile.load``, first call, second call (``PRECOMPILE_PRIME=off``).
-- ``prime``: the same with ``PRECOMPILE_PRIME=on`` (the replay of :mod:`precompile.inductor.prime` in a thread
-  started where the engine is built, after the cache read).
-- ``early``: the replay thread started before ``precompile.load`` (as a load that starts it as soon as the
-  manifest is verified would), the first call after it ends.
+- ``prime``: the same with ``PRECOMPILE_PRIME=all`` (the replay of :mod:`precompile.inductor.prime` in a thread
+  the load starts once it has verified the manifest, before it reads the blobs).
+- ``early``: the replay thread started before ``precompile.load`` (before even the manifest is read), the first
+  call after it ends.
 - ``serial``: the replay run to its end first, then the load, then the first call: the work without overlap.
 - ``calls``: the recorded library calls alone, one at a time, each timed on its first and second run, after
   ``torch.cuda.current_blas_handle()`` (cuBLAS handle and workspace) is timed alone.

@@ -10,12 +10,14 @@ first output).  A tiny matmul does not help: each shape loads its own kernel.
 
 So the build records each distinct call of :data:`LIBRARY_OPS` the fast callable makes on the example inputs
 (:func:`record`: op, overload, and each argument's shape, stride and dtype, or its value), and a load replays
-them on zero-filled tensors in a daemon thread (:func:`start`) while it reads blobs, loads binaries and builds
-launchers.  The loaded callable waits for the thread before its first call (:meth:`Primer.wait`).  torch keeps
-cuBLAS and cuDNN handles in per-device pools that a thread returns its handles to when it ends, so the handles
-the thread created are the ones the first call takes, and the blocks it allocated stay in the caching allocator
-for the first call.  Replaying changes no output: the ops are pure functions of fresh tensors, and a call that
-would draw random numbers (``dropout_p`` not 0) is never recorded or replayed.
+them on zero-filled tensors in a daemon thread (:func:`start`), started as soon as the cache read has verified the
+manifest (:func:`precompile.engine.start_primer`), so that it runs while the load reads and checks blobs, loads
+binaries and builds launchers.  The loaded callable waits for the thread before its first call
+(:meth:`Primer.wait`), and so does the process's exit (a CUDA op still running in a daemon thread at exit aborts
+the process).  torch keeps cuBLAS and cuDNN handles in per-device pools that a thread returns its handles to when
+it ends, so the handles the thread created are the ones the first call takes, and the blocks it allocated stay in
+the caching allocator for the first call.  Replaying changes no output: the ops are pure functions of fresh
+tensors, and a call that would draw random numbers (``dropout_p`` not 0) is never recorded or replayed.
 
 Recorded calls come from a manifest, so they are checked before anything runs (:func:`check_calls`): only
 :data:`LIBRARY_OPS` of ``aten``, known dtypes, at most :data:`MAX_CALLS` calls and :data:`MAX_DIMS` dimensions,
@@ -23,19 +25,18 @@ bounded numbers and lists, and at most :data:`MAX_CALL_BYTES` of inputs and outp
 (outputs by each op's shape rule, :func:`_out_bytes`).  The first call waits at most :data:`WAIT_S` seconds.
 A call that fails is logged at DEBUG and left to the first call: priming never fails a load.
 
-Whether it pays depends on what the worker does between the load and its first request.  On an H100 the
-replayed calls took the wrapper's own first call from 0.32 s to 0.08 s, but when the first call follows the load
-at once, load + first call did not drop (0.47 s against 0.45 s for the Llama of docs/benchmarks.md): the lazily
-loaded cuBLAS and attention kernels are module loads that the CUDA driver serializes with the load's own cubin
-loads, so the thread cannot overlap them, and PyTorch keeps cuDNN's attention graphs in a ``thread_local`` cache,
-so a first call still builds its own after the thread's replay.  It is meant for workers that bind weights, allocate a KV cache or
-load other graphs after the load, where the replay could run while they do; that case is not measured.  So it
-is off unless ``PRECOMPILE_PRIME`` asks for it
-(:func:`precompile.config.prime_mode`: ``on`` for GPU graphs, ``all`` for CPU graphs too).
+What it pays (H100, torch 2.11, docs/benchmarks.md): load + first call 0.134 s against 0.192 s without it for a
+Llama, 0.143 against 0.176 s for a Qwen2, 0.305-0.336 s against 0.381-0.422 s for resnet18, whose cuDNN
+convolution set-up carries over from the thread.  Started later (after the blobs were read) it did not pay, and it
+cannot build cuDNN attention's plans, which PyTorch caches per thread: precompile compiles attention to flash or
+memory-efficient kernels instead (:mod:`precompile.sdpa`).  One thread per library (cuDNN beside cuBLAS) was tried
+and paid nothing more.  So it is on for GPU graphs unless ``PRECOMPILE_PRIME`` says otherwise
+(:func:`precompile.config.prime_mode`: ``off``; ``all`` primes CPU graphs too, which is not measured to pay).
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import math
@@ -249,6 +250,9 @@ class Primer:
         self.failed = 0
         self.seconds: float | None = None
         self._thread = threading.Thread(target=self._run, name="precompile-prime", daemon=True)
+        # a process that exits while the replay runs CUDA ops in a daemon thread aborts in C++ (std::terminate, seen
+        # on an H100): the exit waits for the replay instead (bounded: at most WAIT_S), until it has ended
+        atexit.register(self.wait)
         self._thread.start()
 
     def _run(self) -> None:
@@ -270,6 +274,7 @@ class Primer:
             except Exception as err:  # noqa: BLE001 - the first call's own synchronization reports it
                 log.debug("priming: synchronize failed (%s: %s)", type(err).__name__, err)
         self.seconds = time.perf_counter() - start
+        atexit.unregister(self.wait)
 
     def wait(self, timeout_s: float = WAIT_S) -> None:
         """Block until the thread has ended (at once if it has), at most ``timeout_s`` seconds: then log a
