@@ -29,6 +29,8 @@ from typing import Any
 
 import torch
 
+from precompile import sdpa
+
 
 def ambient_state(devices: set[str] | frozenset[str], cpp_threads_fixed: bool, calls_sdpa: bool = False,
                   sdpa_order: list[str] | None = None) -> dict[str, Any]:
@@ -59,7 +61,5 @@ def ambient_state(devices: set[str] | frozenset[str], cpp_threads_fixed: bool, c
     if "cpu" in devices and not cpp_threads_fixed:
         state["cpu_threads"] = torch.get_num_threads()
     if calls_sdpa:
-        from precompile import sdpa
-
         state["sdpa"] = sdpa.state(devices, sdpa_order)
     return state

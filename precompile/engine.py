@@ -35,9 +35,9 @@ def build_engine(art: Artifact) -> Callable[..., Any]:
 
     fast = art.manifest.parts.get("fast")
     if fast and config.engine_mode() == "auto":
-        prime_mode = config.prime_mode()  # a bad setting is the user's error, never a silent fallback
+        config.prime_mode()  # a bad setting is the user's error, never a silent fallback
         try:
-            engine = _load_fast(art, fast, prime_mode)
+            engine = _load_fast(art, fast)
             art.engine_kind = "fast"
             if art.cache is not None:
                 safe_incr(art.cache, loads_fast=1)
@@ -85,14 +85,12 @@ def start_primer(manifest: Any) -> Any:
     return prime.start(fast.get("prime"), mode == "all")
 
 
-def _load_fast(art: Artifact, fast: dict[str, Any], prime_mode: str) -> Callable[..., Any]:
+def _load_fast(art: Artifact, fast: dict[str, Any]) -> Callable[..., Any]:
     from precompile.inductor.runtime import load_fast
 
-    primer = art.primer  # started by the cache read (start_primer), or here
-    if primer is None and prime_mode != "off":  # the library calls the first call would set up, replayed beside
-        from precompile.inductor import prime
-
-        primer = art.primer = prime.start(fast.get("prime"), prime_mode == "all")
+    if art.primer is None:  # not started by the cache read (a file or directory load): started here
+        art.primer = start_primer(art.manifest)
+    primer = art.primer
     source = art.blob(fast["source"]).decode()
     kernels = {k["source"]: art.blob(next(d for f, d in sorted(k["binaries"].items()) if f.endswith(".so")))
                for k in art.manifest.kernels}
