@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _LAZY = {
+    "compile": "precompile.function.compiled",
+    "CompiledFunction": "precompile.function.compiled",
     "standalone_compile": "precompile.build",
     "load": "precompile.loading",
     "Artifact": "precompile.artifact",
@@ -56,6 +58,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from precompile.loading import load
     from precompile.build import standalone_compile
     from precompile.capture import backend
+    from precompile.function.compiled import CompiledFunction, compile  # noqa: A004
     from precompile.errors import *  # noqa: F403
     from precompile.manifest import Manifest
 

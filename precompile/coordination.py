@@ -65,7 +65,7 @@ class _Renewer:
 
 
 def get_or_build(cache: Cache, key: str, load: Callable[[], T | None], build: Callable[[], T], *,
-                 wait_s: float | None = None) -> tuple[T, str]:
+                 wait_s: float | None = None, counters: str = "") -> tuple[T, str]:
     """Return the artifact for ``key`` from ``cache``, building it at most once across the fleet.
 
     Args:
@@ -75,6 +75,8 @@ def get_or_build(cache: Cache, key: str, load: Callable[[], T | None], build: Ca
         build: compiles and stores the artifact, and returns it (called by at most one worker at a time while
             the lease holds).
         wait_s: seconds to wait for another worker's build before building here (default: ``cache.wait_s``).
+        counters: a prefix for the counters this counts (``"function_"``: whole-function artifacts are counted
+            apart from graph artifacts).
 
     Returns:
         ``(artifact, outcome)``; outcome is ``"hit"`` (stored already), ``"built"`` (built here, under the lease
@@ -88,7 +90,7 @@ def get_or_build(cache: Cache, key: str, load: Callable[[], T | None], build: Ca
     art = load()
     if art is not None:
         return art, "hit"
-    _incr(cache, misses=1)
+    _incr(cache, **{counters + "misses": 1})
     if not cache.supports_leases:
         return build(), "built"
     deadline = time.monotonic() + (cache.wait_s if wait_s is None else wait_s)
@@ -112,11 +114,11 @@ def get_or_build(cache: Cache, key: str, load: Callable[[], T | None], build: Ca
                 if saw_holder:  # the holder may have finished between our last look and taking the lease
                     art = load()
                     if art is not None:
-                        _incr(cache, waits=1)
+                        _incr(cache, **{counters + "waits": 1})
                         return art, "waited"
                     log.warning("the build lease of %s expired without a stored artifact (its builder died or "
                                 "stalled); building it here", key[:12])
-                    _incr(cache, takeovers=1)
+                    _incr(cache, **{counters + "takeovers": 1})
                 art = build()
             return art, "takeover" if saw_holder else "built"
         try:
@@ -135,7 +137,7 @@ def get_or_build(cache: Cache, key: str, load: Callable[[], T | None], build: Ca
         pause = min(POLL_MAX_S, pause * 2)
         art = load()
         if art is not None:
-            _incr(cache, waits=1)
+            _incr(cache, **{counters + "waits": 1})
             return art, "waited"
         if time.monotonic() > deadline:
             log.warning("gave up waiting for another worker's build of %s; building it here", key[:12])

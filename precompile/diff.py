@@ -204,11 +204,13 @@ class Near:
 def nearest(factors: dict[str, Any], stored: list[tuple[str, dict[str, Any] | None]], *, exclude: str | None = None,
             names: list[str] | None = None, count: int = 3) -> list[Near]:
     """The ``count`` stored artifacts whose factors are closest to ``factors``: fewest differing top-level
-    factors, then fewest differing leaves, then key order.  Entries whose manifest is unreadable, and
-    ``exclude`` (the target itself), are skipped."""
+    factors, then fewest differing leaves, then key order.  Entries whose manifest is unreadable or of another kind (graph or
+    whole-function), and ``exclude`` (the target itself), are skipped."""
     ranked = []
     for key, manifest in stored:
         if manifest is None or key == exclude or not isinstance(manifest.get("factors"), dict):
+            continue
+        if manifest.get("kind") != factors.get("kind"):  # a whole-function artifact is compared with its kind only
             continue
         changes = factor_changes(factors, manifest["factors"], names)
         ranked.append((len({c.factor for c in changes}), len(changes), key, changes))

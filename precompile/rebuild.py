@@ -175,6 +175,12 @@ def rebuild_one(cache: Cache, key: str, *, force: bool = False) -> Outcome:
     if raw is MISS:
         return done("failed", "no intact manifest stored under this key")
     try:
+        from precompile.function.manifest import is_function_doc
+        from precompile.manifest import load_json
+
+        if is_function_doc(load_json(raw)):  # type: ignore[arg-type]
+            raise Refused("it is a whole-function artifact: it is rebuilt by calling the function "
+                          "(precompile.compile), which retraces it here")
         manifest = Manifest.from_json(raw)  # type: ignore[arg-type]
         factors = manifest.factors
         if factors.get("dynamic_shapes") != "static":
@@ -257,8 +263,8 @@ def stale_keys(cache: Cache) -> list[str]:
     here: dict[frozenset[str], dict[str, Any]] = {}
     out = []
     for key, m in stored_manifests(cache):
-        if m is None or not isinstance(m.get("factors"), dict):
-            continue
+        if m is None or not isinstance(m.get("factors"), dict) or m.get("kind") is not None:
+            continue  # a whole-function artifact is rebuilt by calling the function
         devices = frozenset(p.get("device") for p in m.get("placeholders") or []
                             if isinstance(p, dict) and p.get("type") == "tensor") or frozenset({"cpu"})
         if devices not in here:

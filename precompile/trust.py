@@ -241,14 +241,21 @@ class Policy:
 
 def signed_message(doc: dict[str, Any]) -> bytes:
     """The bytes a manifest's signature signs: :data:`DOMAIN` + canonical JSON of every manifest field but
-    ``signature`` (fields a reader does not know are left out: it never uses them).
+    ``signature`` (fields a reader does not know are left out: it never uses them).  A manifest with a ``kind``
+    (a whole-function artifact's) is signed over :class:`~precompile.function.manifest.FunctionManifest`'s fields;
+    any other kind than ``"function"`` then fails its parse before anything of it is used.
 
     Raises:
         ValueError: the manifest holds a value JSON cannot carry (NaN).
     """
     from precompile.manifest import Manifest
 
-    body = {k: doc[k] for k in Manifest._FIELDS if k in doc}
+    fields: tuple[str, ...] = Manifest._FIELDS
+    if doc.get("kind") is not None:  # a whole-function manifest: its own fields, its kind among them
+        from precompile.function.manifest import FunctionManifest
+
+        fields = FunctionManifest._FIELDS
+    body = {k: doc[k] for k in fields if k in doc}
     return DOMAIN + json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True,
                                allow_nan=False).encode("ascii")
 

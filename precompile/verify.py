@@ -134,7 +134,14 @@ def _check_ref(cache: Cache, ref: StoredRef, intact: dict[str, int], canonical_g
     if raw is None:
         return "bad manifest", f"its manifest blob {ref.digest[:12]} is missing or damaged"
     try:
-        manifest = Manifest.from_json(raw)
+        from precompile.function.manifest import FunctionManifest, is_function_doc
+        from precompile.manifest import load_json
+
+        doc = load_json(raw)
+        if is_function_doc(doc):
+            manifest = FunctionManifest.from_dict(doc)  # type: ignore[assignment]
+        else:
+            manifest = Manifest.from_dict(doc)
     except ArtifactFormatError as err:
         return "bad manifest", str(err)
     if manifest.key != ref.key:
@@ -148,6 +155,7 @@ def _check_ref(cache: Cache, ref: StoredRef, intact: dict[str, int], canonical_g
     if lost:
         role = (manifest.blobs.get(lost[0]) or {}).get("role", "a part")
         return "bad part", f"{len(lost)} of its {len(manifest.blobs)} parts are missing or damaged (e.g. {role})"
+    # a whole-function artifact names its graphs by key: they are refs of their own, checked as such
     graph = (manifest.parts.get("fx_graph") or {}).get("graph") if isinstance(manifest.parts, dict) else None
     if isinstance(graph, str):
         data = _read(cache, graph)

@@ -24,6 +24,9 @@ def ls_cmd(cache_url: str | None, as_json: bool) -> None:
         if m is None:
             items.append({"key": key, "error": "manifest missing or corrupt"})
             continue
+        if m.get("kind") == "function":
+            items.append(_function_item(key, m))
+            continue
         devices = sorted({p.get("device") for p in m["placeholders"] if p.get("device")})
         user = [p for p in m["placeholders"] if p["kind"] == "user_input"]
         items.append({
@@ -33,14 +36,15 @@ def ls_cmd(cache_url: str | None, as_json: bool) -> None:
             "inputs": [f"{'x'.join(map(str, p.get('shape', [])))}:{p.get('dtype', p.get('type'))}" for p in user],
             "options": m["factors"].get("options", {}),
             "engine": "fast" if m["parts"].get("fast") else "portable",
-            "fast_off": m["build"].get("fast_off"),
+            "fast_off": m["build"].get("fast_off"), "kind": "graph",
         })
     if as_json:
         click.echo(json.dumps(items))
         return
     from rich.table import Table
 
-    table = Table(title=f"{len(items)} artifacts in {cache.url}",
+    functions = sum(1 for it in items if it.get("kind") == "function")
+    table = Table(title=f"{len(items)} artifacts in {cache.url}: {len(items) - functions} graph, {functions} function",
                   caption="bytes: each artifact's parts, uncompressed (artifacts share blobs; `stats` shows what is "
                           "stored)")
     for col in ("key", "inputs", "device", "engine", "kernels", "bytes", "build s", "options", "created"):
@@ -49,11 +53,27 @@ def ls_cmd(cache_url: str | None, as_json: bool) -> None:
         if "error" in it:
             table.add_row(it["key"][:16], f"[red]{it['error']}", "", "", "", "", "", "", "")
             continue
+        if it["kind"] == "function":
+            table.add_row(it["key"][:16], f"[cyan]function[/] {it['function']}", ",".join(it["devices"]),
+                          f"{it['graphs']} graphs", "", human_bytes(it["bytes"]), f"{it['build_seconds'] or 0:.1f}",
+                          json.dumps(it["options"]) if it["options"] else "", (it["created"] or "")[:19])
+            continue
         engine = "fast" if it["engine"] == "fast" else f"[yellow]portable[/] ({(it['fast_off'] or '')[:40]})"
         table.add_row(it["key"][:16], " ".join(it["inputs"]), ",".join(it["devices"]), engine, str(it["kernels"]),
                       human_bytes(it["bytes"]), f"{it['build_seconds']:.1f}", json.dumps(it["options"]) if it["options"] else "",
                       (it["created"] or "")[:19])
     console().print(table)
+
+
+def _function_item(key: str, m: dict) -> dict:
+    """An ``ls`` row of a whole-function artifact (its graphs are listed as their own rows)."""
+    build, factors = m.get("build") or {}, m.get("factors") or {}
+    return {"key": key, "kind": "function", "function": build.get("function") or
+            (factors.get("function") or {}).get("qualname"), "created": build.get("created"),
+            "build_seconds": build.get("seconds"), "bytes": sum(b.get("size", 0) for b in (m.get("blobs") or {}).values()),
+            "graphs": len(m.get("graphs") or {}), "sources": len(m.get("sources") or []),
+            "devices": ["cuda"] if "gpu_capability" in (factors.get("env") or {}) else ["cpu"],
+            "options": factors.get("options") or {}}
 
 
 # ----------------------------------------------------------------------------------------------- inspect
@@ -69,6 +89,11 @@ def inspect(target: str, cache_url: str | None, as_json: bool) -> None:
     m, where = source.manifest, source.where
     if as_json:
         click.echo(json.dumps(m, indent=1, sort_keys=True))
+        return
+    if m.get("kind") == "function":
+        from precompile.cli.function_view import show_function
+
+        show_function(m, where)
         return
     from rich.table import Table
 

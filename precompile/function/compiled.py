@@ -1,0 +1,282 @@
+"""``precompile.compile``: ``torch.compile``'s shape, with the cache boundary at the whole function.
+
+>>> fast = precompile.compile(model, cache="file:///var/cache/pc")   # doctest: +SKIP
+>>> fast(x)                                                          # a warm process traces nothing
+
+On its first call a compiled function computes its key without tracing (:mod:`precompile.function.key`) and
+looks it up.  On a hit it checks the sources Dynamo traced through, loads each graph's artifact (the fast engine)
+and installs Dynamo's stored output — guarded bytecode and resume functions — so that Dynamo's C eval frame runs
+it: no frame is traced, no Inductor or Triton module imported.  On a miss it traces with Dynamo, compiles each
+graph through the cache (:func:`precompile.standalone_compile`), and stores the function: one build per key across
+a fleet (:func:`precompile.coordination.get_or_build`).  A later call that the stored guards refuse (a new size, a
+new dtype) is traced as ``torch.compile`` would, counted as a miss (``function_retraces``), and the function is
+stored again with the new entry beside the old ones.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+from typing import Any
+
+import torch
+
+from cache_backends.base import Cache, digest_bytes
+from precompile import __version__, config, metrics
+from precompile.cache_io import safe_incr
+from precompile.function import key as fkey
+from precompile.function import sources, store
+from precompile.function.manifest import MAX_TEXT, FunctionManifest
+
+log = logging.getLogger("precompile")
+
+
+class CompiledFunction:
+    """A function or module compiled through precompile's cache (see the module docstring).
+
+    Call it as the original.  Attributes, set by the first call:
+
+    Attributes:
+        key: the whole-function artifact key (64 hex).
+        outcome: ``"hit"``, ``"built"``, ``"waited"`` or ``"takeover"`` (:func:`precompile.coordination.get_or_build`),
+            or ``"uncached"`` when nothing could be stored (no cache, or a frame Dynamo cannot record).
+        miss_reason: why the stored artifact, if any, was not used (e.g. ``"source changed: ..."``), else None.
+        load_seconds: wall seconds of the lookup and install on a hit, or of the first traced call on a miss.
+        graphs: ``{compiled-graph name: graph artifact key}``.
+        retraces: calls traced after the first because the stored guards refused them.
+    """
+
+    def __init__(self, fn: Callable[..., Any] | torch.nn.Module, *, dynamic: bool | None = None,
+                 fullgraph: bool = False, options: dict[str, Any] | None = None,
+                 cache: str | Cache | None = None) -> None:
+        self.original = fn
+        self._target = fn.forward if isinstance(fn, torch.nn.Module) else fn
+        self._dynamic, self._fullgraph, self._options = dynamic, fullgraph, dict(options or {})
+        self._cache_arg = cache
+        self._cache: Cache | None = None
+        self._graph_backend: Any = None
+        self._run: Callable[..., Any] | None = None
+        self._package: Any = None
+        self._factors: dict[str, Any] = {}
+        self._frames: list[dict[str, Any]] = []
+        self._uncacheable: list[str] = []
+        self._first: tuple[Any] | None = None
+        self._new_graphs = 0
+        self.key: str | None = None
+        self.outcome: str | None = None
+        self.miss_reason: str | None = None
+        self.load_seconds = 0.0
+        self.graphs: dict[str, str] = {}
+        self.retraces = 0
+        if not isinstance(fn, torch.nn.Module):
+            functools.update_wrapper(self, fn)  # type: ignore[arg-type]
+
+    # ------------------------------------------------------------------------------------------ calling
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self._run is None:
+            self._start(args, kwargs)
+            if self._first is not None:  # the build's traced call was this call
+                out, self._first = self._first[0], None
+                return out
+        seen = self._new_graphs
+        traced = len(self._frames)
+        out = self._run(*args, **kwargs)  # type: ignore[misc]
+        if len(self._frames) != traced or self._new_graphs != seen:
+            self._after_retrace()
+        return out
+
+    def _start(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        from cache_backends.registry import open_cache
+        from precompile.coordination import get_or_build
+        from precompile.errors import CacheError, CacheURLError
+
+        config.engine_mode()
+        self._factors = fkey.function_factors(self._target, args, kwargs, dynamic=self._dynamic,
+                                              fullgraph=self._fullgraph, options=self._options)
+        self.key = fkey.function_key(self._factors)
+        try:
+            self._cache = open_cache(self._cache_arg)
+        except CacheURLError:
+            raise
+        except CacheError as err:
+            log.warning("cache %s cannot be opened (%s); compiling %s without it", self._cache_arg, err, self.key[:12])
+        start = time.perf_counter()
+        if self._cache is None:
+            self._build(args, kwargs)
+            self.outcome = "uncached"
+        else:
+            _, self.outcome = get_or_build(self._cache, self.key, self._load, lambda: self._build(args, kwargs),
+                                           counters="function_")
+            if self.outcome == "hit":
+                safe_incr(self._cache, function_hits=1)
+        self.load_seconds = time.perf_counter() - start
+        log.info("function %s %s: %s in %.3f s (%d graphs)", _name(self._target), self.key[:12], self.outcome,
+                 self.load_seconds, len(self.graphs))
+
+    # ----------------------------------------------------------------------------------------- a hit
+    def _load(self) -> bool | None:
+        """Install the stored function, or None on a miss (the reason in :attr:`miss_reason`)."""
+        from precompile.cache_io import load_from_cache
+        from precompile.inductor import dynamo_pkg
+
+        assert self._cache is not None and self.key is not None
+        got = store.read(self._cache, self.key)
+        if got is None:
+            return None
+        m = got.manifest
+        why = sources.changed(m.sources)
+        if why is not None:
+            return self._miss(why, "source_changed")
+        loaded: dict[str, Any] = {}
+        for name, gkey in m.graphs.items():
+            art = load_from_cache(gkey, self._cache)
+            if art is None:
+                return self._miss(f"graph artifact {gkey[:12]} ({name}) is not in the cache", "graph_missing")
+            try:
+                art.engine  # build the callable now: a graph that does not load is a miss, not a failed call
+            except Exception as err:  # noqa: BLE001 - a stored graph that does not load is rebuilt
+                return self._miss(f"graph artifact {gkey[:12]} does not load ({type(err).__name__}: {err})", "load_failed")
+            loaded[name] = art
+        try:
+            record = dynamo_pkg.restore(got.dynamo)
+            missing = sorted(set(dynamo_pkg.backend_ids(record)) - set(m.graphs))
+            if missing:
+                raise ValueError(f"its bytecode calls graphs the manifest does not name: {missing[:3]}")
+            package = dynamo_pkg.install(self._target, record, loaded)
+        except (ValueError, RuntimeError) as err:
+            store.drop(self._cache, self.key, str(err))
+            return None
+        self._package = package
+        self.graphs = dict(m.graphs)
+        self._frames = list(m.frames)
+        self._run = dynamo_pkg.optimize(self._target, self._on_graph, package, dynamic=self._dynamic,
+                                        fullgraph=self._fullgraph, guard_export=self._on_guards)
+        return True
+
+    def _miss(self, why: str, reason: str) -> None:
+        self.miss_reason = why
+        metrics.note_miss(reason)
+        log.warning("function artifact %s of %s is not used: %s; tracing again", self.key[:12] if self.key else "?",
+                    _name(self._target), why)
+        return None
+
+    # ---------------------------------------------------------------------------------------- a build
+    def _graph_backend_for(self) -> Any:
+        if self._graph_backend is None:
+            from precompile.capture import Backend
+
+            self._graph_backend = Backend(cache=self._cache, options=self._options or None)
+        return self._graph_backend
+
+    def _on_graph(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        from precompile.inductor import dynamo_pkg
+
+        name = dynamo_pkg.backend_name(gm)
+        compiled = self._graph_backend_for()(gm, example_inputs)
+        key = getattr(compiled, "key", None)
+        if isinstance(key, str):
+            self.graphs[name] = key
+        else:  # the graph backend compiled it uncached: the function cannot be stored whole
+            self._uncacheable.append(name)
+        self._new_graphs += 1
+        return compiled
+
+    def _on_guards(self, guards: Any) -> None:
+        texts = sorted(f"{g.create_fn_name()} {g.name}"[:MAX_TEXT] for g in guards)
+        self._frames.append({"code": f"frame {len(self._frames)}", "guards": texts})
+
+    def _build(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        from precompile.inductor import dynamo_pkg
+
+        if self.miss_reason is None and config.explain_misses():
+            log.warning("function %s: no stored artifact under key %s", _name(self._target), (self.key or "")[:12])
+        self._package = dynamo_pkg.new_package(self._target)
+        self._run = dynamo_pkg.optimize(self._target, self._on_graph, self._package, dynamic=self._dynamic,
+                                        fullgraph=self._fullgraph, guard_export=self._on_guards)
+        start = time.perf_counter()
+        traced = dynamo_pkg.frames_traced()
+        self._first = (self._run(*args, **kwargs),)
+        self._build_seconds = time.perf_counter() - start
+        self._build_frames = dynamo_pkg.frames_traced() - traced
+        if self._cache is not None:
+            safe_incr(self._cache, function_builds=1)
+            self._store()
+        return True
+
+    def _after_retrace(self) -> None:
+        self.retraces += 1
+        log.info("function %s: the stored guards refused a call; traced it (%d graphs now)", _name(self._target),
+                 len(self.graphs))
+        if self._cache is not None:
+            metrics.note_miss("guard_failed")
+            safe_incr(self._cache, function_misses=1, function_retraces=1)
+            self._store()
+
+    def _store(self) -> None:
+        from precompile import fingerprint
+        from precompile.inductor import dynamo_pkg
+
+        assert self._cache is not None and self.key is not None
+        if self._uncacheable:
+            log.warning("function %s is not stored: its graphs %s could not be cached", _name(self._target),
+                        self._uncacheable[:3])
+            return
+        try:
+            data, srcs, codes = dynamo_pkg.dump(self._package)
+        except Exception as err:  # noqa: BLE001 - a function Dynamo cannot record still runs, uncached
+            log.warning("function %s is not stored: %s", _name(self._target), err)
+            return
+        part = digest_bytes(data)
+        devices = {"cpu", "cuda"} if "gpu_capability" in self._factors["env"] else {"cpu"}
+        manifest = FunctionManifest(
+            key=self.key, factors=self._factors, parts={"dynamo": part}, graphs=dict(sorted(self.graphs.items())),
+            sources=srcs, frames=self._frames, env=fingerprint.environment(devices, full=True),
+            blobs={part: {"size": len(data), "role": "dynamo"}},
+            build={"seconds": round(getattr(self, "_build_seconds", 0.0), 3),
+                   "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                   "precompile": __version__, "torch": torch.__version__, "codes": codes,
+                   "frames_traced": getattr(self, "_build_frames", 0), "retraces": self.retraces,
+                   "function": _name(self._target)})
+        if store.write(self._cache, manifest, data) is not None:
+            log.info("stored function %s as %s (%d graphs, %d sources)", _name(self._target), self.key[:12],
+                     len(self.graphs), len(srcs))
+
+
+def _name(fn: Any) -> str:
+    target = getattr(fn, "__func__", fn)
+    return f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', type(target).__name__)}"
+
+
+def compile(model_or_fn: Callable[..., Any] | torch.nn.Module | None = None, *, dynamic: bool | None = None,  # noqa: A001
+            fullgraph: bool = False, options: dict[str, Any] | None = None,
+            cache: str | Cache | None = None) -> Any:
+    """Compile a function or module through precompile's cache, at the function level: ``torch.compile``'s shape.
+
+    Usable as ``precompile.compile(model)``, ``@precompile.compile`` and ``@precompile.compile(cache=...)``.
+
+    Args:
+        model_or_fn: a function, a bound method, or an ``nn.Module`` (its ``forward`` is compiled; module hooks
+            are not run); None gives a decorator.
+        dynamic: as ``torch.compile``'s: None (automatic dynamic shapes: static first, symbolic on a recompile),
+            True (sizes symbolic from the start) or False (every size specialized, and part of the key).
+        fullgraph: as ``torch.compile``'s: a graph break is an error.
+        options: Inductor config patches (JSON values), e.g. ``{"max_autotune": True}``.
+        cache: a cache URL or open cache (None: ``$PRECOMPILE_CACHE`` or the local default).
+
+    Returns:
+        a :class:`CompiledFunction` (or a decorator making one).  Its first call looks the function up, then
+        runs it: on a hit nothing is traced; on a miss Dynamo traces it and the result is stored.
+
+    Raises:
+        CacheURLError: (on the first call) ``cache`` is not a valid cache URL.
+        ConfigError: (on the first call) a ``PRECOMPILE_*`` variable holds a bad value.
+        TypeError: (on the first call) ``options`` holds a value JSON cannot carry.
+        Whatever ``torch.compile`` raises for the function (a graph break under ``fullgraph=True``, say).
+    """
+    def make(fn: Callable[..., Any] | torch.nn.Module) -> CompiledFunction:
+        return CompiledFunction(fn, dynamic=dynamic, fullgraph=fullgraph, options=options, cache=cache)
+
+    return make if model_or_fn is None else make(model_or_fn)

@@ -1,0 +1,124 @@
+"""Whole-function artifacts in a cache: read verified before anything is unpickled, written blobs-then-ref.
+
+The same policy as graph artifacts (:mod:`precompile.cache_io`): the manifest's signature is checked first where
+verify keys are configured (an unsigned or badly signed entry is a counted miss, nothing of it read further), then
+its structure, every name and every length (:class:`~precompile.function.manifest.FunctionManifest`), then the
+Dynamo part's digest.  Only then may :func:`precompile.inductor.dynamo_pkg.restore` unpickle it.  A damaged entry
+is a miss and its ref is dropped; a cache failure is a miss, logged once and counted, never raised.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from cache_backends.base import MISS, Cache, digest_bytes
+from precompile import metrics
+from precompile.cache_io import safe_incr, warn_once
+from precompile.errors import ArtifactFormatError, CacheError, UnsafePathError
+from precompile.function.manifest import FunctionManifest
+
+log = logging.getLogger("precompile")
+
+#: Largest Dynamo part read, bytes (a real one is tens of kilobytes per traced frame).
+MAX_DYNAMO_BYTES = 256 << 20
+
+
+@dataclass
+class Stored:
+    """A verified whole-function entry: its manifest and the Dynamo part's bytes (digest checked, not unpickled)."""
+
+    manifest: FunctionManifest
+    dynamo: bytes
+
+
+def drop(cache: Cache, key: str, why: str) -> None:
+    """Drop the ref of a damaged entry (logged, counted as a ``damaged`` miss) so that the next build replaces it."""
+    metrics.note_miss("damaged")
+    log.warning("function artifact %s in %s is unusable (%s); dropping it so it is rebuilt", key[:12], cache.url, why)
+    try:
+        cache.delete_ref(key)
+    except CacheError:
+        pass
+
+
+def read(cache: Cache, key: str) -> Stored | None:
+    """The verified entry stored under ``key``, or None on a miss (see the module docstring).
+
+    Raises:
+        TrustConfigError: a configured signing or verify key cannot be read.
+    """
+    from precompile import trust
+    from precompile.manifest import load_json
+
+    policy = trust.policy(cache)
+    try:
+        digest = cache.get_ref(key)
+        if digest is MISS:
+            metrics.note_miss("absent")
+            return None
+        raw = cache.get_blob(digest)
+        if raw is MISS:
+            drop(cache, key, "its manifest blob is missing or corrupt")
+            return None
+        doc = load_json(raw)
+        verdict = policy.check(doc)
+        if not verdict.ok:
+            safe_incr(cache, **trust.note_refused(verdict, f"function artifact {key[:12]} in {cache.url}"))
+            return None
+        manifest = FunctionManifest.from_dict(doc)
+        if manifest.key != key:
+            drop(cache, key, f"its manifest names another key {manifest.key[:12]}")
+            return None
+        part = manifest.parts["dynamo"]
+        if int(manifest.blobs[part]["size"]) > MAX_DYNAMO_BYTES:
+            drop(cache, key, f"its Dynamo part claims {manifest.blobs[part]['size']} bytes (at most {MAX_DYNAMO_BYTES})")
+            return None
+        data = cache.get_blob(part)
+        # the backend verified the digest; checked again here because the next step unpickles
+        if data is MISS or len(data) > MAX_DYNAMO_BYTES or digest_bytes(data) != part:
+            drop(cache, key, "its Dynamo part is missing or corrupt")
+            return None
+    except UnsafePathError as err:
+        log.warning("refusing function artifact %s in %s: %s; nothing of it was run", key[:12], cache.url, err)
+        safe_incr(cache, untrusted=1, untrusted_unsafe_path=1)
+        return None
+    except ArtifactFormatError as err:
+        drop(cache, key, str(err))
+        return None
+    except CacheError as err:
+        warn_once(cache, f"cache {cache.url} failed while reading function artifact {key[:12]}: {err}; treating it "
+                         "as a miss", kind=f"read {type(err).__name__}")
+        safe_incr(cache, errors=1)
+        metrics.note_miss("cache_error")
+        return None
+    return Stored(manifest, bytes(data))
+
+
+def write(cache: Cache, manifest: FunctionManifest, dynamo: bytes) -> FunctionManifest | None:
+    """Store the Dynamo part, then the manifest (signed where a signing key is configured), then the ref.
+
+    Returns:
+        the stored manifest (signed, where a key is configured), or None when the cache refused: read-only,
+        unavailable, or verify keys set without a signing key (logged once, counted, never raised).
+
+    Raises:
+        TrustConfigError: the configured signing key cannot be read.
+    """
+    from precompile import trust
+
+    policy = trust.policy(cache)
+    manifest = policy.sign(manifest)
+    if policy.required and manifest.signature is None:
+        warn_once(cache, f"not storing function artifact {manifest.key[:12]} in {cache.url}: verify keys are "
+                         "configured and no signing key (PRECOMPILE_SIGNING_KEY)", kind="store unsigned")
+        return None
+    try:
+        cache.put_blob(dynamo, manifest.parts["dynamo"])
+        cache.set_ref(manifest.key, cache.put_blob(manifest.to_json()))
+        return manifest
+    except CacheError as err:
+        warn_once(cache, f"could not store function artifact {manifest.key[:12]} in {cache.url}: {err}",
+                  kind=f"store {type(err).__name__}")
+        safe_incr(cache, errors=1)
+        return None
