@@ -147,6 +147,7 @@ def build(norm: NormalizedGraph, plan: Plan) -> Artifact:
             graph cannot be written down (then nothing could check its calls).
     """
     from precompile.inductor import compile as inductor_compile
+    from precompile.inductor import shim
     from precompile.inductor.fast_plan import fast_plan
     from precompile.inductor.products import NotSaveableError
 
@@ -161,6 +162,8 @@ def build(norm: NormalizedGraph, plan: Plan) -> Artifact:
     except PrecompileError:
         raise
     except Exception as err:
+        if shim.asks_dynamo_restart(err):
+            raise  # Dynamo traces the frame again (a float to specialize) and hands us another graph
         raise BuildError(f"Inductor failed to compile the graph: {type(err).__name__}: {err}") from err
     shapes, more_inputs = symbolic.shapes_after_compile(plan)
     if not plan.runnable:

@@ -52,3 +52,38 @@ def test_serialized_graph_rebuilds_an_equivalent_module():
         rebuilt = graph_from_json(data)
         assert graph_to_json(rebuilt) == data
         torch.testing.assert_close(rebuilt(*flat), norm.gm(*flat), rtol=0, atol=0)
+
+
+class _Norm(torch.nn.Module):
+    """Python floats read from modules (LayerNorm's eps, a scale): under ``dynamic=True`` Dynamo passes them in as
+    0-d tensors read with ``.item()``, and every parameter is a graph input."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = torch.nn.Linear(32, 32)
+        self.norm = torch.nn.LayerNorm(32)
+        self.scale = 0.125
+
+    def forward(self, x):
+        return self.norm(self.lin(x)).view(x.shape[0], 4, 8).sum(-1) * self.scale
+
+
+def test_dynamic_true_graphs_with_float_attributes_are_cached_and_hit(tmp_path):
+    # both used to fall back to an uncached compile: AOTAutograd refakified every input in a fresh tracing context
+    # (new symbols without sources for each parameter size, and the floats' .item() lost its value)
+    model = _Norm().eval()
+    url = "file://" + str(tmp_path / "cache")
+    outs = []
+    for outcome in ("built", "hit"):
+        be = precompile.backend(cache=url)
+        torch._dynamo.reset()
+        with torch.no_grad():
+            f = torch.compile(model, backend=be, dynamic=True)
+            outs.append([f(torch.randn(n, 32, generator=torch.Generator().manual_seed(n))) for n in (3, 7)])
+        assert [r.outcome for r in be.records] == [outcome]
+    with torch.no_grad():
+        eager = [model(torch.randn(n, 32, generator=torch.Generator().manual_seed(n))) for n in (3, 7)]
+    for got, hit, want in zip(*outs, eager):
+        torch.testing.assert_close(got, want)
+        assert torch.equal(got, hit)

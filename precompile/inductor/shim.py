@@ -57,15 +57,49 @@ def clear_caches() -> None:
     clear()
 
 
+def tracing_fakes(example_inputs: list[Any]) -> list[Any]:
+    """Inside a Dynamo backend: each real tensor of ``example_inputs`` as Dynamo's own fake of it.
+
+    ``standalone_compile(dynamic_shapes="from_tracing_context")`` reuses Dynamo's fake mode but opens a new
+    ``TracingContext``, which forgets how Dynamo fakified each input (its ``tensor_to_context``).  AOTAutograd
+    then fakifies the real inputs afresh: every size of every parameter becomes a new symbol of Dynamo's shape
+    environment, with no source, and Dynamo's guards for the frame fail to build (or a float Dynamo left
+    unspecialized loses its value's symbol, and its ``.item()`` is a data-dependent error).  Fakified here with
+    Dynamo's symbolic context and source, each input is the tensor Dynamo traced.  Outside a Dynamo backend, or for
+    a tensor Dynamo did not fakify, the input is returned as it is.
+    """
+    context = torch._guards.TracingContext.try_get()
+    if context is None or context.fake_mode is None:
+        return list(example_inputs)
+    out = []
+    for x in example_inputs:
+        symbolic = context.tensor_to_context.get(x) if isinstance(x, torch.Tensor) else None
+        if symbolic is None:
+            out.append(x)
+            continue
+        out.append(context.fake_mode.from_tensor(x, symbolic_context=symbolic, source=symbolic.tensor_source))
+    return out
+
+
+def asks_dynamo_restart(err: BaseException) -> bool:
+    """Whether ``err`` is Dynamo's request to trace the frame again (``RestartAnalysis``; e.g. AOTAutograd's
+    ``TensorifyScalarRestartAnalysis`` for a float it specializes), which a backend must let through."""
+    from torch._dynamo.exc import RestartAnalysis
+
+    return isinstance(err, RestartAnalysis)
+
+
 def standalone_compile(gm: torch.fx.GraphModule, example_inputs: list[Any], dynamic_shapes: str,
                        config_patches: dict[str, Any]) -> tuple[Any, bytes | None, list[str]]:
-    """Run ``torch._inductor.standalone_compile``.
+    """Run ``torch._inductor.standalone_compile`` (inputs fakified as Dynamo did, see :func:`tracing_fakes`).
 
     Returns:
         ``(compiled callable, serialized cache artifacts or None, AOTAutograd cache keys)``; the callable takes
         the flat inputs as positional arguments.
     """
     # torch's ``options`` are compile_fx keyword arguments; config patches go in ``config_patches``
+    if dynamic_shapes == "from_tracing_context":
+        example_inputs = tracing_fakes(example_inputs)
     art = torch._inductor.standalone_compile(gm, example_inputs, dynamic_shapes=dynamic_shapes,
                                              options={"config_patches": dict(config_patches)})
     artifacts = getattr(art, "_artifacts", None)
