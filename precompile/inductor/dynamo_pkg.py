@@ -15,15 +15,21 @@ must verify its digest and signature before :func:`restore` (precompile.function
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import itertools
+import logging
 import pickle
 import re
 import sys
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
+
+log = logging.getLogger("precompile.function")
 
 #: Guard kinds that name objects of the building process (their ids, weakrefs, dict versions): they cannot
 #: hold in another process, so they are left out of a stored function, as torch's ``caching_precompile`` does.
@@ -39,11 +45,84 @@ def portable_guards(entries: Sequence[Any]) -> list[bool]:
     return keep
 
 
+#: What :func:`_tolerate_unpicklable_guards` hands Dynamo for a frame whose guards do not pickle.
+UNPICKLABLE_GUARDS = b""
+
+_recording = threading.local()  # .active: a precompile package is recording the frame being traced
+
+
+@functools.cache
+def _package_class() -> type:
+    from torch._dynamo.package import CompilePackage, PackageError
+
+    class Package(CompilePackage):  # type: ignore[misc, valid-type]
+        """torch's ``CompilePackage``, except that a frame it cannot record is left out of the record (marked
+        bypassed) instead of failing the user's call: code it cannot name (made by ``exec``, such as a dataclass's
+        ``__init__``, has no module to find it in), or guards that do not pickle.  The function still runs as
+        ``torch.compile`` would, and :func:`dump` refuses to store the record."""
+
+        def _add_user_function(self, code: Any) -> None:
+            try:
+                super()._add_user_function(code)
+            except PackageError as err:
+                log.warning("Dynamo cannot record frame %s (%s:%d) for a stored function: %s", code.co_name,
+                            code.co_filename, code.co_firstlineno, err)
+                self._add_function(code, "<unrecorded>")
+                self._codes[code].bypassed = True
+
+        @contextlib.contextmanager
+        def code_context(self, code: Any) -> Any:
+            with super().code_context(code):
+                before = getattr(_recording, "active", False)
+                _recording.active = True
+                try:
+                    yield
+                finally:
+                    _recording.active = before
+
+        def add_guarded_code(self, guards_state: bytes, dynamo_code: Any) -> None:
+            if guards_state == UNPICKLABLE_GUARDS:
+                self.bypass_current_entry()
+                return
+            super().add_guarded_code(guards_state, dynamo_code)
+
+    return Package
+
+
+@functools.cache
+def _tolerate_unpicklable_guards() -> None:
+    """Make a frame whose guard state does not pickle a frame left out of the record, not a failed call.
+
+    Dynamo pickles each frame's guard state while tracing under a package.  In torch 2.11-2.13 a state that does
+    not pickle (a guard on a function made by ``exec``, say) fails the user's call: ``pickle.PicklingError`` and
+    ``TypeError`` escape, and the ``PackageError`` torch makes of an ``AttributeError`` leads to its own
+    "guards_state must not be None" assertion.  Wrapped once per process: while a precompile package records
+    the frame, such a failure hands Dynamo :data:`UNPICKLABLE_GUARDS`, which the package takes as a bypass of the
+    frame; any other caller sees torch's behaviour unchanged.
+    """
+    from torch._dynamo import guards
+    from torch._dynamo.exc import PackageError
+
+    original = guards.pickle_guards_state
+
+    @functools.wraps(original)
+    def pickle_guards_state(*args: Any, **kwargs: Any) -> bytes:
+        try:
+            return original(*args, **kwargs)
+        except (pickle.PicklingError, TypeError, PackageError) as err:
+            if not getattr(_recording, "active", False):
+                raise
+            log.warning("a frame's guards cannot be stored (%s: %s); the function will not be stored",
+                        type(err).__name__, err)
+            return UNPICKLABLE_GUARDS
+
+    guards.pickle_guards_state = pickle_guards_state
+
+
 def new_package(fn: Callable[..., Any]) -> Any:
     """An empty ``CompilePackage`` for ``fn`` (a function or bound method), to trace under."""
-    from torch._dynamo.package import CompilePackage
-
-    return CompilePackage(fn)
+    _tolerate_unpicklable_guards()
+    return _package_class()(fn)
 
 
 def optimize(fn: Callable[..., Any], backend: Callable[..., Any], package: Any, *, dynamic: bool | None,
@@ -139,9 +218,8 @@ def install(fn: Callable[..., Any], record: Any, graphs: Mapping[str, Callable[.
         RuntimeError: the record does not fit this process (torch's or Python's version, a missing graph, a code
             object it cannot find); nothing is left installed then.
     """
-    from torch._dynamo.package import CompilePackage
-
-    package = CompilePackage(fn, record, ignore_inlined_sources=True)  # precompile checks the sources itself
+    _tolerate_unpicklable_guards()  # a guard failure here is traced into the package
+    package = _package_class()(fn, record, ignore_inlined_sources=True)  # precompile checks the sources itself
     try:
         package.install({name: _Loaded(g) for name, g in graphs.items()})
     except Exception as err:
