@@ -35,6 +35,12 @@ def with_break(x, y):
     a = torch.sin(x) + y
     torch._dynamo.graph_break()
     return torch.cos(a) * 2
+
+_made = {"torch": torch, "__name__": __name__}
+exec("def made(x):\\n    torch._dynamo.graph_break()\\n    return torch.cos(x) * 3", _made)  # code with no module
+
+def calls_made(x, y):
+    return _made["made"](torch.sin(x) + y) - 1
 '''
 
 # Compiles ``Net`` (or ``with_break``) through the cache, calls it, and prints what happened as JSON.
@@ -47,13 +53,14 @@ cache, what, out_path = sys.argv[2], sys.argv[3], sys.argv[4]
 torch.manual_seed(1)
 x, y = torch.randn(4, 16), torch.randn(4, 16)
 with torch.no_grad():
-    if what == "net":
+    if what in ("net", "dynamic"):
         net = usermodel.Net().eval()
-        f = precompile.compile(net, cache=cache)
+        f = precompile.compile(net, cache=cache, dynamic=True if what == "dynamic" else None)
         out, eager = f(x), net(x)
     else:
-        f = precompile.compile(usermodel.with_break, cache=cache)
-        out, eager = f(x, y), usermodel.with_break(x, y)
+        fn = usermodel.with_break if what == "break" else usermodel.calls_made
+        f = precompile.compile(fn, cache=cache)
+        out, eager = f(x, y), fn(x, y)
     info = {"outcome": f.outcome, "frames": frames_traced(), "graphs": len(f.graphs), "reason": f.miss_reason,
             "close": torch.allclose(out, eager, atol=1e-6), "inductor": "torch._inductor.compile_fx" in sys.modules}
     if len(sys.argv) > 5:  # a call the stored guards refuse: another batch size and dtype
@@ -101,6 +108,27 @@ def test_graph_break_functions_store_every_graph(tmp_path, user_module):
     hit, second = _run(tmp_path, "break", "hit")
     assert hit["outcome"] == "hit" and hit["frames"] == 0 and hit["graphs"] == 2
     assert hit["close"] and _same(first, second)
+
+
+def test_dynamic_function_serves_other_sizes_without_tracing(tmp_path, user_module):
+    built, first = _run(tmp_path, "dynamic", "build", "other-size")
+    assert built["outcome"] == "built" and built["retraces"] == 0 and built["other_size_close"]
+    hit, second = _run(tmp_path, "dynamic", "hit", "other-size")
+    assert hit["outcome"] == "hit" and hit["frames_after"] == 0 and hit["retraces"] == 0  # symbolic batch size
+    assert hit["close"] and hit["other_size_close"] and _same(first, second)
+
+
+def test_a_frame_dynamo_cannot_record_runs_but_is_not_stored(tmp_path, user_module):
+    # Dynamo compiles made() (code from exec, no module) as a frame of its own after the graph break; torch's
+    # package cannot name it, so the function runs compiled as torch.compile would and is not stored
+    for tag in ("first", "second"):
+        got, _ = _run(tmp_path, "exec", tag)
+        assert got["outcome"] == "built" and got["close"], got
+    from cache_backends.registry import open_cache
+
+    cache = open_cache(f"file://{tmp_path / 'cache'}")
+    kinds = [json.loads(cache.get_blob(d)).get("kind") for _, d in cache.iter_refs()]
+    assert "function" not in kinds and len(kinds) >= 2  # its graphs are stored, the function is not
 
 
 def test_changed_inlined_source_is_a_miss_with_its_reason(tmp_path, user_module):
