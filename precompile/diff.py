@@ -226,5 +226,5 @@ def explain_miss(key: str, factors: dict[str, Any], stored: list[tuple[str, dict
     near = nearest(factors, stored, exclude=key, names=names, count=1)
     if not near:
         return f"miss {key[:12]}: the cache holds no other artifact to compare with"
-    n = sum(1 for k, m in stored if m is not None and k != key)
+    n = sum(1 for k, m in stored if m is not None and k != key and m.get("kind") == factors.get("kind"))
     return f"miss {key[:12]}: closest of {n} stored artifacts is {near[0].key[:12]}, which {near[0].reason()}"
