@@ -35,7 +35,8 @@ class Job:
 
 
 def run_job(job: Job, threads: int | None = None) -> list[dict[str, Any]]:
-    """Run one job in this process; returns one row per captured graph (graph, key, outcome, seconds, bytes).
+    """Run one job in this process; returns one row per captured graph (graph, key, outcome, seconds, bytes), and
+    a last row for the whole-function artifact (``"graph": "function"``; its graphs are the rows before it).
 
     Raises:
         RecipeError: the recipe, config or shape is invalid.
@@ -45,7 +46,7 @@ def run_job(job: Job, threads: int | None = None) -> list[dict[str, Any]]:
 
     import torch
 
-    from precompile.capture import Backend
+    from precompile.function.compiled import CompiledFunction
     from precompile.models import get_recipe, parse_shapes
 
     if threads:
@@ -55,17 +56,20 @@ def run_job(job: Job, threads: int | None = None) -> list[dict[str, Any]]:
     model = recipe.model()
     inputs = recipe.example_inputs(shape)
     options = json.loads(job.options_json) if job.options_json else None
-    be = Backend(cache=job.cache, options=options)
     start = time.perf_counter()
     torch._dynamo.reset()
+    fn = CompiledFunction(model, dynamic=False, options=options, cache=job.cache)
     with torch.no_grad():
-        torch.compile(model, backend=be, dynamic=False)(*inputs)
+        fn(*inputs)
     total = time.perf_counter() - start
     rows = []
-    for r in be.records:
+    for r in fn.records:
         row = asdict(r)
         row["graph"] = row.pop("index")
         rows.append({"recipe": job.recipe, "shape": job.shape, **row, "job_seconds": total})
+    rows.append({"recipe": job.recipe, "shape": job.shape, "graph": "function", "key": fn.key,
+                 "outcome": fn.outcome, "seconds": fn.load_seconds, "compile_seconds": 0.0, "bytes": 0,
+                 "kernels": 0, "graphs": len(fn.graphs), "job_seconds": total})
     return rows
 
 

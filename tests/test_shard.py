@@ -70,11 +70,14 @@ def test_shards_at_once_into_one_redis_build_the_union_once(redis_server):
         outs.append(json.loads(stdout))
     keys = [{r["key"] for r in o["rows"]} for o in outs]
     assert all(len(k) == 2 for k in keys) and not keys[0] & keys[1]
-    assert all(r["outcome"] == "built" for o in outs for r in o["rows"])
+    assert all(r["outcome"] == "built" for o in outs for r in o["rows"] + o["functions"])
+    functions = {r["key"] for o in outs for r in o["functions"]}
+    assert len(functions) == 4  # one whole-function artifact per job
     cache = open_cache(url)
-    assert {k for k, _ in cache.iter_refs()} == keys[0] | keys[1]
-    assert cache.counters()["builds"] == 4
+    assert {k for k, _ in cache.iter_refs()} == keys[0] | keys[1] | functions
+    assert cache.counters()["builds"] == 4 and cache.counters()["function_builds"] == 4
     everything = json.loads(cli("warmup", RECIPE, "--shapes", SHAPES, "--cache", url, "--json").stdout)
-    assert sorted(r["outcome"] for r in everything["rows"]) == ["hit"] * 4
+    assert sorted(r["outcome"] for r in everything["rows"] + everything["functions"]) == ["hit"] * 8
     stats = json.loads(cli("stats", "--cache", url, "--json").stdout)  # fleet-wide, from any machine
     assert stats["builds"] == 4 and stats["hits"] == 4 and stats["backend"] == "RedisCache"
+    assert stats["function_builds"] == 4 and stats["function_hits"] == 4

@@ -73,6 +73,7 @@ def warmup(recipes: tuple[str, ...], shapes: str, config_text: str | None, cache
                 click.echo(f"{j['recipe']} {j['shape']}")
         return
     rows: list[dict[str, Any]] = []
+    functions: list[dict[str, Any]] = []
     failures: list[str] = []
     start = time.perf_counter()
     with progress_bar("warmup", disable=as_json) as progress:
@@ -83,14 +84,15 @@ def warmup(recipes: tuple[str, ...], shapes: str, config_text: str | None, cache
                 failures.append(f"{job.recipe} {job.shape}: {type(error).__name__}: {error}")
                 logging.getLogger("precompile").error("warmup of %s %s failed: %s", job.recipe, job.shape, error)
             else:
-                rows.extend(got)
+                rows.extend(r for r in got if r["graph"] != "function")
+                functions.extend(r for r in got if r["graph"] == "function")
             progress.update(task, advance=1, description=f"{job.recipe} {job.shape}")
 
         run_jobs(job_list, jobs, on_done, threads=threads)
     wall = time.perf_counter() - start
     rows.sort(key=lambda r: (r["recipe"], r["shape"], r["graph"]))
     if as_json:
-        click.echo(json.dumps({"rows": rows, "failures": failures, "wall_seconds": wall, "cache": cache.url,
+        click.echo(json.dumps({"rows": rows, "functions": functions, "failures": failures, "wall_seconds": wall, "cache": cache.url,
                                "shard": list(part) if part else None}))
     else:
         title = f"warmup into {cache.url}" + (f", shard {part[0]}/{part[1]}" if part else "")
@@ -107,6 +109,9 @@ def warmup(recipes: tuple[str, ...], shapes: str, config_text: str | None, cache
                   f"{outcomes['waited']} waited for another worker's build, {len(failures)} failed jobs; "
                   f"{wall:.1f} s wall ({sum(r['seconds'] for r in built):.1f} s of builds summed over {jobs} "
                   f"process(es)); bytes are each artifact's parts, uncompressed")
+        fo = Counter(r["outcome"] for r in functions)
+        con.print(f"{len(functions)} whole-function artifacts: {fo['built'] + fo['takeover']} built, {fo['hit']} hits "
+                  "(a hit traced nothing)")
     if failures:
         for f in failures:
             click.echo(f"FAILED {f}", err=True)

@@ -46,6 +46,7 @@ class CompiledFunction:
         miss_reason: why the stored artifact, if any, was not used (e.g. ``"source changed: ..."``), else None.
         load_seconds: wall seconds of the lookup and install on a hit, or of the first traced call on a miss.
         graphs: ``{compiled-graph name: graph artifact key}``.
+        records: one :class:`precompile.capture.GraphRecord` per graph compiled or loaded by this function.
         retraces: calls traced after the first because the stored guards refused them.
     """
 
@@ -70,6 +71,7 @@ class CompiledFunction:
         self.miss_reason: str | None = None
         self.load_seconds = 0.0
         self.graphs: dict[str, str] = {}
+        self.records: list[Any] = []
         self.retraces = 0
         if not isinstance(fn, torch.nn.Module):
             functools.update_wrapper(self, fn)  # type: ignore[arg-type]
@@ -130,8 +132,12 @@ class CompiledFunction:
         why = sources.changed(m.sources)
         if why is not None:
             return self._miss(why, "source_changed")
+        from precompile.capture import GraphRecord
+
         loaded: dict[str, Any] = {}
+        records = []
         for name, gkey in m.graphs.items():
+            started = time.perf_counter()
             art = load_from_cache(gkey, self._cache)
             if art is None:
                 return self._miss(f"graph artifact {gkey[:12]} ({name}) is not in the cache", "graph_missing")
@@ -140,6 +146,11 @@ class CompiledFunction:
             except Exception as err:  # noqa: BLE001 - a stored graph that does not load is rebuilt
                 return self._miss(f"graph artifact {gkey[:12]} does not load ({type(err).__name__}: {err})", "load_failed")
             loaded[name] = art
+            safe_incr(self._cache, hits=1)  # a graph artifact read from the cache serves this lookup
+            records.append(GraphRecord(index=len(records), key=gkey, outcome="hit",
+                                       seconds=time.perf_counter() - started,
+                                       compile_seconds=float(art.manifest.build.get("seconds", 0.0)),
+                                       bytes=art.manifest.total_bytes(), kernels=len(art.manifest.kernels)))
         try:
             record = dynamo_pkg.restore(got.dynamo)
             missing = sorted(set(dynamo_pkg.backend_ids(record)) - set(m.graphs))
@@ -151,6 +162,7 @@ class CompiledFunction:
             return None
         self._package = package
         self.graphs = dict(m.graphs)
+        self.records = records
         self._frames = list(m.frames)
         self._run = dynamo_pkg.optimize(self._target, self._on_graph, package, dynamic=self._dynamic,
                                         fullgraph=self._fullgraph, guard_export=self._on_guards)
@@ -175,7 +187,9 @@ class CompiledFunction:
         from precompile.inductor import dynamo_pkg
 
         name = dynamo_pkg.backend_name(gm)
-        compiled = self._graph_backend_for()(gm, example_inputs)
+        backend = self._graph_backend_for()
+        compiled = backend(gm, example_inputs)
+        self.records = list(backend.records)
         key = getattr(compiled, "key", None)
         if isinstance(key, str):
             self.graphs[name] = key
