@@ -93,6 +93,12 @@ def test_real_vllm_cold_then_fresh_process_hits_everything(tmp_path):
     assert hits == after_cold["builds"], (after_cold, after_warm)
     assert after_warm["misses"] == after_cold["misses"] and after_warm["builds"] == after_cold["builds"]
     assert warm["tokens"] == cold["tokens"] == eager["tokens"]
+    # the whole function: vLLM's AOT artifact of the forward, stored by the cold start, restored on the new machine,
+    # where Dynamo then traces nothing
+    assert after_cold["function_builds"] == 1 and after_warm["function_hits"] == 1, (after_cold, after_warm)
+    assert "stored vLLM's AOT artifact" in cold["log"]
+    assert "restored from the cache and loaded" in warm["log"], warm["log"][-3000:]
+    assert "Dynamo frames traced in this process: 0" in warm["log"], warm["log"][-3000:]
 
 
 @pytest.mark.slow
@@ -107,12 +113,14 @@ def test_gpu_script_round_trip_on_cpu():
 
 def _start(model: str, kwargs: dict, dirs, cache: str | None) -> dict:
     env = {"VLLM_CACHE_ROOT": str(dirs / "vllm"), "TORCHINDUCTOR_CACHE_DIR": str(dirs / "inductor"),
-           "PRECOMPILE_CACHE": cache, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+           "PRECOMPILE_CACHE": cache, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "PRECOMPILE_LOG": "INFO"}
     proc = subprocess.run([sys.executable, str(REPO / "tools" / "vllm_tiny.py"), "run", model, json.dumps(kwargs)],
                           env=python_env(env), capture_output=True, text=True,
                           timeout=900)
     assert proc.returncode == 0, f"vLLM start failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
-    return json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("{")][-1])
+    out = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("{")][-1])
+    out["log"] = proc.stderr
+    return out
 
 
 def _run(code: str, *args: str, timeout: float) -> dict:

@@ -117,6 +117,9 @@ class PrecompileAdaptor(_interface_base()):  # type: ignore[misc]
         self.records: list[PieceRecord] = []
         self._opened = False
         self.vllm_cache_dir: str | None = None
+        from precompile.integrations import vllm_aot
+
+        vllm_aot.install()  # made at model construction, before vLLM's first call looks for its AOT artifact
 
     # ------------------------------------------------------------------------------------- vLLM's interface
     def initialize_cache(self, cache_dir: str, disable_cache: bool = False, prefix: str = "") -> None:

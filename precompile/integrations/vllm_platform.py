@@ -102,12 +102,14 @@ def wrap_platform(base: type) -> type:
             cc = vllm_config.compilation_config
             wanted, mode = cc.backend == BACKEND, cc.mode
             super().check_and_update_config(vllm_config)
-            if wanted and os.environ.get("VLLM_USE_AOT_COMPILE") != "0":
-                # vLLM's AOT artifact of the Dynamo graph is a second cache in front of the compiler, keyed by vLLM's
-                # hashes; in 0.32 it does not load back on CPU (with Inductor or with this adaptor).  Off, every start
-                # traces with Dynamo and the adaptor's keys decide; set here, the engine's processes inherit it.
-                log.info("precompile: VLLM_USE_AOT_COMPILE=0 (precompile's cache replaces vLLM's AOT artifact)")
-                os.environ["VLLM_USE_AOT_COMPILE"] = "0"
+            if wanted and os.environ.get("VLLM_USE_MEGA_AOT_ARTIFACT") != "0":
+                # vLLM's "mega" AOT artifact bundles the pieces' Inductor artifacts from vLLM's own adaptor; with
+                # this adaptor it has none and does not load back.  The plain AOT artifact (Dynamo's output and the
+                # graph) loads, re-splits and asks the adaptor for each piece: precompile's keys decide, and
+                # precompile.integrations.vllm_aot keeps the file in precompile's cache.  Set here, the engine's
+                # processes inherit it.
+                log.info("precompile: VLLM_USE_MEGA_AOT_ARTIFACT=0 (precompile's cache serves the pieces)")
+                os.environ["VLLM_USE_MEGA_AOT_ARTIFACT"] = "0"
             if wanted and (cc.mode != mode or cc.backend != BACKEND):
                 log.info("precompile: keeping compilation mode %s with backend %r (the %s platform set %s, %r)",
                          getattr(mode, "name", mode), BACKEND, base.__name__, getattr(cc.mode, "name", cc.mode),

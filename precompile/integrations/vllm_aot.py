@@ -1,0 +1,223 @@
+"""vLLM's AOT artifact of the model's forward kept in precompile's cache: a warm or new machine traces nothing.
+
+vLLM 0.32 (``VLLM_USE_AOT_COMPILE``, its default on torch >= 2.10) compiles the model's ``forward`` with
+``torch.compile(...).aot_compile`` and saves the result - Dynamo's guarded bytecode plus the Dynamo graph and its
+example inputs, pickled by torch (``AOTCompiledFunction.save_compiled_function``) - at
+``$VLLM_CACHE_ROOT/torch_compile_cache/torch_aot_compile/<vLLM hash>/rank_<r>_<dp>/model``.  A later start loads it
+(``torch.compiler.load_compiled_function``), runs no Dynamo tracing, re-splits the graph and hands each piece to the
+compiler, here :class:`~precompile.integrations.vllm.PrecompileAdaptor`, whose keys decide the hits.  With
+``VLLM_USE_MEGA_AOT_ARTIFACT=0`` (set by the platform for the backend ``"precompile"``: the mega artifact would
+carry vLLM's own Inductor artifacts, which this adaptor replaces) that works on CPU and GPU alike.
+
+That file is on one machine's disk.  This module keeps it in precompile's cache as a whole-function artifact
+(``"kind": "function"``; its Dynamo part is vLLM's file, byte for byte), so that a new machine restores it before
+vLLM looks: :func:`install` wraps vLLM's ``decorators._try_load_aot_compiled_fn`` (the one function of vLLM's that
+precompile wraps, and only in processes where the adaptor is in use) to
+
+- before vLLM's load, when the file is absent: read the entry from the cache - signature, structure and digest
+  checked by :func:`precompile.function.store.read`, exactly as for ``precompile.compile`` - and write it to the
+  path vLLM asked for (atomically).  The cache never names a path: the path is vLLM's, the key is derived from it;
+- when vLLM's load finds nothing (or fails and recompiles): after vLLM saves its new file, store it.
+
+The key: vLLM's own hash directory and rank (vLLM's hash covers its config, its environment factors and the
+forward's qualname and first line), the forward's source digest, vLLM's version, and precompile's environment
+fingerprint (torch, Python, device).  vLLM checks the traced source files itself when it loads the file; a change
+there is vLLM's recompile, which stores the new file over the old entry.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+from datetime import datetime, timezone
+from typing import Any
+
+from precompile import __version__, config
+
+log = logging.getLogger("precompile")
+
+_HASH_DIR = re.compile(r"^[0-9a-f]{16,128}$")
+_RANK_DIR = re.compile(r"^rank_\d{1,6}_\d{1,6}$")
+_installed = False
+
+
+def entry_name(path: str) -> str | None:
+    """``"<vLLM hash>/rank_<r>_<dp>"`` of a vLLM AOT artifact path, or None if the path is not shaped like one."""
+    parts = os.path.normpath(path).split(os.sep)
+    if len(parts) < 5 or parts[-1] != "model" or parts[-4] != "torch_aot_compile":
+        return None
+    if not (_HASH_DIR.match(parts[-3]) and _RANK_DIR.match(parts[-2])):
+        return None
+    return f"{parts[-3]}/{parts[-2]}"
+
+
+def install() -> bool:
+    """Wrap vLLM's AOT load once per process (see the module docstring); True if the wrap is in place.
+
+    A vLLM without ``vllm.compilation.decorators._try_load_aot_compiled_fn`` is left alone (logged): its starts
+    then trace with Dynamo as before, and the adaptor still serves every piece."""
+    global _installed
+    if _installed:
+        return True
+    try:
+        from vllm.compilation import decorators
+    except ImportError:
+        return False
+    original = getattr(decorators, "_try_load_aot_compiled_fn", None)
+    if not callable(original):
+        log.info("this vLLM has no _try_load_aot_compiled_fn; its AOT artifact stays on local disk")
+        return False
+
+    def _try_load_aot_compiled_fn(model: Any, aot_compilation_path: str) -> Any:
+        return load_through_cache(original, model, aot_compilation_path)
+
+    _try_load_aot_compiled_fn.__wrapped__ = original  # type: ignore[attr-defined]
+    _try_load_aot_compiled_fn.__doc__ = original.__doc__
+    decorators._try_load_aot_compiled_fn = _try_load_aot_compiled_fn
+    _installed = True
+    return True
+
+
+def load_through_cache(original: Any, model: Any, path: str) -> Any:
+    """vLLM's ``_try_load_aot_compiled_fn(model, path)`` with precompile's cache behind the file at ``path``.
+
+    Never raises for a cache's sake: a cache that fails or holds nothing leaves vLLM's own behaviour."""
+    cc = getattr(getattr(model, "vllm_config", None), "compilation_config", None)
+    entry = entry_name(path)
+    cache = _cache() if getattr(cc, "backend", None) == "precompile" and entry else None
+    if cache is None:
+        return original(model, path)
+    from precompile.cache_io import safe_incr
+
+    t0 = time.perf_counter()
+    factors = aot_factors(model, entry)
+    from precompile.function.key import function_key
+
+    key = function_key(factors)
+    restored = False
+    if not os.path.exists(path):
+        restored = _restore(cache, key, path)
+    fn = original(model, path)
+    if fn is not None:
+        if restored:
+            safe_incr(cache, function_hits=1)
+        from precompile.inductor.dynamo_pkg import frames_traced
+
+        log.info("vLLM AOT artifact %s %s (key %s) in %.3f s; Dynamo frames traced in this process: %d", entry,
+                 "restored from the cache and loaded" if restored else "loaded from vLLM's dir", key[:12],
+                 time.perf_counter() - t0, frames_traced())
+        return fn
+    safe_incr(cache, function_misses=1)
+    log.info("no vLLM AOT artifact for %s (key %s): vLLM traces, and precompile stores what it saves",
+             entry, key[:12])
+    _publish_after_save(model, cache, key, factors, path)
+    return None
+
+
+def aot_factors(model: Any, entry: str) -> dict[str, Any]:
+    """The key factors of vLLM's AOT artifact ``entry`` for ``model`` (see the module docstring)."""
+    import vllm
+
+    from precompile import fingerprint
+    from precompile.function.key import KIND, _devices, function_identity
+
+    return {"format": config.FORMAT_VERSION, "kind": KIND, "function": function_identity(model.forward),
+            "vllm": {"version": vllm.__version__, "aot_entry": entry},
+            "env": fingerprint.key_fields(fingerprint.environment(_devices([model]), full=False))}
+
+
+def _cache() -> Any:
+    from cache_backends.registry import open_cache
+    from precompile.errors import CacheError
+
+    try:
+        return open_cache(None)
+    except CacheError as err:
+        log.warning("precompile cache cannot be opened (%s); vLLM's AOT artifact stays on local disk", err)
+        return None
+
+
+def _restore(cache: Any, key: str, path: str) -> bool:
+    """Write the verified entry ``key`` to ``path`` (atomically); False on a miss or a failed write."""
+    from precompile.function import store
+
+    stored = store.read(cache, key)
+    if stored is None:
+        return False
+    tmp = f"{path}.{os.getpid()}.precompile.tmp"
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(tmp, "wb") as f:
+            f.write(stored.dynamo)
+        os.replace(tmp, path)
+    except OSError as err:
+        log.warning("cannot write vLLM's AOT artifact to %s (%s); vLLM traces instead", path, err)
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        return False
+    return True
+
+
+def _publish_after_save(model: Any, cache: Any, key: str, factors: dict[str, Any], path: str) -> None:
+    """Make ``model.save_aot_compiled_function`` (vLLM's, called once its AOT compile is done) also store the
+    file it writes under ``key``."""
+    save = getattr(model, "save_aot_compiled_function", None)
+    if not callable(save):
+        return
+    started = time.time()
+
+    def save_aot_compiled_function() -> None:
+        save()
+        try:
+            if os.path.getmtime(path) + 1 < started:
+                return  # not written by this save (vLLM logged why)
+            with open(path, "rb") as f:
+                data = f.read(_max_bytes() + 1)
+        except OSError:
+            return
+        publish(cache, key, factors, data, seconds=time.time() - started, name=_name(model))
+
+    object.__setattr__(model, "save_aot_compiled_function", save_aot_compiled_function)
+
+
+def publish(cache: Any, key: str, factors: dict[str, Any], data: bytes, *, seconds: float, name: str) -> bool:
+    """Store vLLM's AOT file ``data`` as the whole-function artifact ``key``; False if too large or refused."""
+    import torch
+
+    from cache_backends.base import digest_bytes
+    from precompile import fingerprint
+    from precompile.cache_io import safe_incr
+    from precompile.function import store
+    from precompile.function.manifest import FunctionManifest
+
+    if len(data) > _max_bytes():
+        log.warning("vLLM's AOT artifact for %s is over %d bytes; not stored", name, _max_bytes())
+        return False
+    part = digest_bytes(data)
+    devices = {"cpu", "cuda"} if "gpu_capability" in factors["env"] else {"cpu"}
+    manifest = FunctionManifest(
+        key=key, factors=factors, parts={"dynamo": part}, graphs={}, sources=[], frames=[],
+        env=fingerprint.environment(devices, full=True), blobs={part: {"size": len(data), "role": "vllm aot"}},
+        build={"seconds": round(seconds, 3), "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+               "precompile": __version__, "torch": torch.__version__, "function": name,
+               "vllm_aot": factors["vllm"]["aot_entry"]})
+    if store.write(cache, manifest, data) is None:
+        return False
+    safe_incr(cache, function_builds=1)
+    log.info("stored vLLM's AOT artifact for %s as %s (%d bytes)", name, key[:12], len(data))
+    return True
+
+
+def _max_bytes() -> int:
+    from precompile.function.store import MAX_DYNAMO_BYTES
+
+    return MAX_DYNAMO_BYTES
+
+
+def _name(model: Any) -> str:
+    cls = type(model)
+    return f"{cls.__module__}.{cls.__qualname__}.forward"
