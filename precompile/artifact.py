@@ -22,6 +22,7 @@ from precompile.inputs import CallChecks, size_at
 from precompile.manifest import Manifest
 
 log = logging.getLogger("precompile")
+_NO_SKIP: frozenset[int] = frozenset()
 
 
 class Artifact:
@@ -64,10 +65,12 @@ class Artifact:
         self._engine = engine
         self._engine_lock = threading.Lock()
         self._bound: dict[int, torch.Tensor] = dict(bound or {})
+        self._bound_idx = frozenset(self._bound)  # the placeholders a call's check skips (checked at binding)
         self._calls = CallChecks(manifest.placeholders, manifest.shapes)
         self._checks = self._calls.checks
         self.cache = cache
         self._misaligned_warned: set[int] = set()
+        self._calls_seen = 0
         self._inference = (manifest.factors.get("ambient") or {}).get("grad_enabled") is False
         self._grad_warned = False
         self._aligned_assumed = {a["index"] for a in manifest.alignment if a.get("inductor_assumes_aligned")}
@@ -118,12 +121,13 @@ class Artifact:
                 wrong.append(f"{spec['name']} ({fqn!r}): {problem}")
                 continue
             self._bound[i] = tensor
+            self._bound_idx = frozenset(self._bound)
         if wrong or (strict and missing):
             lines = [f"  missing: {m}" for m in missing] + [f"  mismatched: {w}" for w in wrong]
             raise InputMismatchError("cannot bind weights to artifact %s:\n%s" % (self.key[:12], "\n".join(lines)))
         return self
 
-    def _flat_inputs(self, args: tuple[Any, ...]) -> tuple[list[Any], set[int]]:
+    def _flat_inputs(self, args: tuple[Any, ...]) -> tuple[list[Any], frozenset[int]]:
         """The flat input list for ``args``, and the indices filled from bound tensors (checked at binding)."""
         if self._in_spec is not None:
             from torch.utils import _pytree as pytree
@@ -131,7 +135,7 @@ class Artifact:
             args = tuple(pytree.arg_tree_leaves(*args))
         n = len(self._checks)
         if len(args) == n:
-            return list(args), set()
+            return list(args), _NO_SKIP
         free = [i for i in range(n) if i not in self._bound]
         if len(args) == len(free):
             flat: list[Any] = [None] * n
@@ -139,7 +143,7 @@ class Artifact:
                 flat[i] = t
             for i, a in zip(free, args):
                 flat[i] = a
-            return flat, set(self._bound)
+            return flat, self._bound_idx
         names = [self.manifest.placeholders[i]["name"] for i in free]
         missing = names[len(args):] if len(args) < len(free) else []
         unbound_w = [f"{s['name']} ({s['kind']} {s['fqn']!r})" for i, s in enumerate(self.manifest.placeholders)
@@ -172,9 +176,10 @@ class Artifact:
 
     def __call__(self, *args: Any) -> Any:
         flat, bound = self._flat_inputs(args)
-        self.check_inputs(flat, bound)
-        if self._aligned_assumed:
-            self._note_misaligned(flat)
+        self._calls.check(flat, self.key, bound)  # check_inputs, one frame fewer
+        self._calls_seen += 1
+        if self._aligned_assumed and (self._calls_seen <= 8 or not self._calls_seen & 255):
+            self._note_misaligned(flat)  # a warning only (the engine copies misaligned inputs): sampled
         if self._inference and not self._grad_warned and torch.is_grad_enabled():
             self._note_grad(flat)
         out = self.engine(*flat)
