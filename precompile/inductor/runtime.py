@@ -242,7 +242,7 @@ def load_fast(source: str, kernels: dict[str, bytes], *, extern: dict[str, str] 
     call = ns["call"]
     written = set(mutated)
     check = [i for i in inputs_to_check if not defers_alignment or i in written]
-    no_grad = torch.no_grad
+    no_grad, grad_on = torch.no_grad, torch.is_grad_enabled
     pending = {"primer": primer}
 
     def first_call(*args: Any) -> Any:
@@ -253,6 +253,8 @@ def load_fast(source: str, kernels: dict[str, bytes], *, extern: dict[str, str] 
         return (run_aligned if check else run)(*args)
 
     def run(*args: Any) -> Any:
+        if not grad_on():  # a server's calls run under no_grad or inference_mode: no context to enter
+            return call(list(args))
         with no_grad():
             return call(list(args))
 
@@ -265,6 +267,8 @@ def load_fast(source: str, kernels: dict[str, bytes], *, extern: dict[str, str] 
                 flat[i] = clone_preserve_strides(t)
                 if i in written:
                     back.append((t, flat[i]))
+        if not back and not grad_on():
+            return call(flat)
         with no_grad():
             out = call(flat)
             for original, copy in back:
