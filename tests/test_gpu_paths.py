@@ -221,3 +221,60 @@ def test_attention_compiles_to_flash_ahead_of_cudnn(tmp_path):
     if torch_order[0] == "cudnn":  # Hopper/Blackwell: torch would build a cuDNN plan on the first call
         assert plain.key != art.key and "_scaled_dot_product_cudnn_attention" in plain_ops
         assert art.manifest.build["rewrites"] == {"sdpa_fast_start": 1}
+
+
+CAPTURE = r"""
+import json, os, sys
+import torch
+os.environ["PRECOMPILE_PRIME"] = "on"  # the load replays the graph's library calls beside it
+import precompile
+sets = torch.load(sys.argv[2], weights_only=False)
+art = precompile.load(sys.argv[1])
+static = [a.clone() if isinstance(a, torch.Tensor) else a for a in sets[0]]
+with torch.no_grad():
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up on a side stream, as torch's CUDA graph docs ask
+        art(*static)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = art(*static)
+    replays = []
+    for inputs in sets:
+        for dst, src in zip(static, inputs):
+            if isinstance(dst, torch.Tensor):
+                dst.copy_(src)
+        graph.replay()
+        torch.cuda.synchronize()
+        replays.append(out.clone() if isinstance(out, torch.Tensor) else type(out)(o.clone() for o in out))
+torch.save(replays, sys.argv[3])
+print(json.dumps({"engine": art.engine_kind, "primed": bool(art.primer and art.primer.done)}))
+"""
+
+
+def test_a_loaded_artifact_captures_into_a_cuda_graph_right_after_load_and_replays_bit_equal(tmp_path):
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.GELU(), torch.nn.Linear(512, 256)).to(
+        "cuda", torch.bfloat16)
+    x = torch.randn(8, 256, device="cuda", dtype=torch.bfloat16)
+    gm, example = _graphs.capture(model, (x,))
+    with torch.no_grad():
+        art = precompile.standalone_compile(gm, example)
+    assert art.manifest.parts["fast"] is not None, art.manifest.build["fast_off"]
+    user = next(i for i, s in enumerate(art.placeholders) if s["kind"] == "user_input")
+    sets = []
+    for seed in (1, 2, 3):
+        inputs = list(example)
+        inputs[user] = torch.randn(8, 256, device="cuda", dtype=torch.bfloat16,
+                                   generator=torch.Generator("cuda").manual_seed(seed))
+        sets.append(inputs)
+    path = art.save(tmp_path / "a.pc")
+    torch.save(sets, tmp_path / "sets.pt")
+    report = json.loads(run_python(CAPTURE, str(path), str(tmp_path / "sets.pt"), str(tmp_path / "r.pt"))
+                        .splitlines()[-1])
+    assert report == {"engine": "fast", "primed": True}
+    got = torch.load(tmp_path / "r.pt", weights_only=False)
+    for i, inputs in enumerate(sets):
+        with torch.no_grad():
+            want = art(*[a.clone() for a in inputs])
+        assert_same_output(got[i], want, rtol=0, atol=0, where=f"replay {i}")

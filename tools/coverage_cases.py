@@ -106,6 +106,13 @@ def build_case(name: str, device: str) -> Case:
             return recipe.example_inputs((1, n))
 
         return Case(model, ids(32), dynamic=((0, 1),), mode="from_graph", other_size=20, inputs_at=ids)
+    if name in ("mlp12_static", "mlp12_dynamic"):  # tools/bench_call.py: 12 small layers, 25 placeholders
+        torch.manual_seed(0)
+        layers = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(12)]).to(device, dtype).eval()
+        dyn = name == "mlp12_dynamic"
+        return Case(layers, (_x(4, 64, device=device, dtype=dtype),), dynamic=((0, 0),) if dyn else (),
+                    mode="from_graph" if dyn else "from_example_inputs", other_size=7 if dyn else None,
+                    inputs_at=(lambda n: (_x(n, 64, device=device, dtype=dtype, seed=2),)) if dyn else None)
     if name == "triton_op":
         return _triton_op_case(device, dtype)
     if name == "multi_kernel":
