@@ -62,15 +62,24 @@ def _sources(specs: list[dict[str, Any]], name: str) -> list[str]:
 
 
 def _other_sizes(plan: Plan, guards: Any, symbols: dict[str, Any]) -> list[list[Any]]:
-    """One input set at other symbol values inside the guards (the first of hint+1, 2*hint, hint+7, the lower
-    bound that passes), tensors of the new sizes filled with seeded random floats and zero integers; or none."""
+    """One input set at other symbol values inside the guards, or none.
+
+    Candidates, in order: hint+1, 2*hint, hint+7, hint-1, hint//2, the lower bound.  Float tensors of the new sizes
+    get seeded random values.  An integer or bool tensor (token ids, slot indices, masks) gets the first values of
+    the example's own tensor, so its values stay valid: in range for a gather, unique where the example's were (a
+    scatter such as ``index_copy_`` with repeated indices has no defined result on a GPU, so a validation on them
+    would compare noise).  The first candidate whose integer tensors all fit in the example's values is taken; if
+    none does (every candidate is larger), the first that passes the guards, with such tensors zero-filled.
+    """
     from precompile.inductor import shapes
 
     hints = {n: s["hint"] for n, s in symbols.items()}
     if any(not isinstance(h, int) for h in hints.values()):
         return []
-    gen = torch.Generator().manual_seed(0)
-    for step in (lambda h: h + 1, lambda h: 2 * h, lambda h: h + 7, None):
+    fallback = None
+    steps = (lambda h: h + 1, lambda h: 2 * h, lambda h: h + 7, lambda h: h - 1, lambda h: h // 2, None)
+    for step in steps:
+        gen = torch.Generator().manual_seed(0)
         at = {}
         for name, h in hints.items():
             lo, hi = symbols[name]["range"]
@@ -79,17 +88,21 @@ def _other_sizes(plan: Plan, guards: Any, symbols: dict[str, Any]) -> list[list[
         if at == hints:
             continue
         try:
-            inputs = _inputs_at(plan, shapes.sizes_at(plan.fake_values, plan.symbols, at), gen)
+            inputs, exact = _inputs_at(plan, shapes.sizes_at(plan.fake_values, plan.symbols, at), gen)
         except (RuntimeError, ValueError, TypeError) as err:  # e.g. sizes an overlapping layout cannot take
             log.debug("no validation inputs at sizes %s: %s", at, err)
             continue
         if guards is None or not guards.failures(inputs):
-            return [inputs]
-    return []
+            if exact:
+                return [inputs]
+            fallback = fallback or inputs
+    return [fallback] if fallback is not None else []
 
 
-def _inputs_at(plan: Plan, sizes: list[Any], gen: torch.Generator) -> list[Any]:
+def _inputs_at(plan: Plan, sizes: list[Any], gen: torch.Generator) -> tuple[list[Any], bool]:
+    """The inputs at ``sizes``, and whether every integer tensor among them took the example's values."""
     inputs: list[Any] = []
+    exact = True
     for value, size in zip(plan.run_inputs, sizes):
         if size is None:
             inputs.append(value)
@@ -98,9 +111,12 @@ def _inputs_at(plan: Plan, sizes: list[Any], gen: torch.Generator) -> list[Any]:
         else:
             shape, stride = size
             t = torch.empty_strided(shape, stride, dtype=value.dtype, device=value.device)
-            if t.is_floating_point():
+            if t.is_floating_point() or t.is_complex():
                 t.copy_(torch.randn(t.shape, generator=gen).to(t.dtype))
+            elif isinstance(value, torch.Tensor) and value.numel() >= t.numel():
+                t.copy_(value.reshape(-1)[:t.numel()].reshape(t.shape))
             else:
                 t.zero_()
+                exact = exact and t.numel() == 0
             inputs.append(t)
-    return inputs
+    return inputs, exact

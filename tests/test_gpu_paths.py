@@ -278,3 +278,36 @@ def test_a_loaded_artifact_captures_into_a_cuda_graph_right_after_load_and_repla
         with torch.no_grad():
             want = art(*[a.clone() for a in inputs])
         assert_same_output(got[i], want, rtol=0, atol=0, where=f"replay {i}")
+
+
+class KVWrite(torch.nn.Module):
+    """A paged KV-cache write with ``num_tokens`` dynamic: K and V into caller caches at slot indices."""
+
+    def forward(self, k_cache, v_cache, slots, k, v):
+        k_cache.index_copy_(0, slots, k * 2.0)
+        v_cache.index_copy_(0, slots, v + 1.0)
+        return k_cache.sum(0) + v_cache.sum(0)
+
+
+def test_kv_cache_write_with_dynamic_num_tokens_takes_the_fast_path(tmp_path):
+    """The validation inputs at other sizes take the example's (unique) slot indices, so the GPU's scatter is
+    deterministic and the fast path is offered (before: zero-filled indices, a race, the portable path)."""
+    def inputs(n, seed):
+        g = torch.Generator("cuda").manual_seed(seed)
+        caches = [torch.zeros(64, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
+        slots = torch.randperm(64, device="cuda", generator=g)[:n]
+        kv = [torch.randn(n, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2)]
+        return (*caches, slots, *kv)
+
+    example_inputs = inputs(6, 0)
+    gm, example = _graphs.capture(KVWrite(), example_inputs, dynamic=((2, 0), (3, 0), (4, 0)))
+    with torch.no_grad():
+        art = precompile.standalone_compile(gm, example, dynamic_shapes="from_graph")
+    assert art.manifest.parts["fast"] is not None, art.manifest.build["fast_off"]
+    assert len(art.manifest.build["mutated_inputs"]) == 2
+    sets = []
+    for n, seed in ((6, 0), (11, 1), (2, 2), (40, 3)):
+        by_name = dict(zip(("k_cache", "v_cache", "slots", "k", "v"), inputs(n, seed)))
+        sets.append(_graphs.user_inputs(art, by_name))
+    report = _roundtrip(art, sets, tmp_path)
+    assert report["engine"] == "fast", report
