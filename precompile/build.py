@@ -214,7 +214,8 @@ def build(norm: NormalizedGraph, plan: Plan) -> Artifact:
     manifest = Manifest(
         key=plan.key, factors=plan.factors, placeholders=plan.specs, parts=parts, kernels=kernels,
         autotune={"kernels": {k["name"]: k["config"] for k in kernels if k["config"]}, "other": result.autotune,
-                  "multi_kernel": result.multi_kernel},
+                  "multi_kernel": result.multi_kernel, "tuned": result.tuned,
+                  "benchmark_leftovers": result.benchmark_leftovers},
         alignment=alignment, env=fingerprint.environment(plan.devices), blobs=roles,
         build={"seconds": round(result.compile_seconds, 3), "created": datetime.now(timezone.utc).isoformat(),
                "precompile": __version__, "mutated_inputs": result.mutated_inputs,

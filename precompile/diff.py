@@ -63,6 +63,8 @@ class Comparison:
         graph_diff: unified diff of the two graphs' readable code when the graph differs ("" otherwise, or when
             a side's code part is not readable).
         config_changes: Inductor config entries that differ when the ``inductor_config`` digest does.
+        pick_changes: tuned ops (GEMM, convolution) whose chosen candidate differs (:func:`pick_changes`);
+            picks are outcomes of a build, not key factors.
     """
 
     a: str
@@ -70,6 +72,7 @@ class Comparison:
     changes: list[Change] = field(default_factory=list)
     graph_diff: str = ""
     config_changes: list[Change] = field(default_factory=list)
+    pick_changes: list[Change] = field(default_factory=list)
 
     @property
     def factors(self) -> list[str]:
@@ -79,7 +82,8 @@ class Comparison:
     def to_dict(self) -> dict[str, Any]:
         return {"a": self.a, "b": self.b, "same": not self.changes, "factors": self.factors,
                 "changes": [c.to_dict() for c in self.changes], "graph_diff": self.graph_diff,
-                "inductor_config_changes": [c.to_dict() for c in self.config_changes]}
+                "inductor_config_changes": [c.to_dict() for c in self.config_changes],
+                "pick_changes": [c.to_dict() for c in self.pick_changes]}
 
 
 def _short(value: Any, limit: int = 80) -> str:
@@ -177,6 +181,51 @@ def compare(a: Source, b: Source, *, context: int = 2) -> Comparison:
                 if cfg[0].get(name) != cfg[1].get(name):
                     out.config_changes.append(Change("inductor_config", f"inductor_config.{name}", "Inductor config",
                                                      cfg[0].get(name), cfg[1].get(name)))
+    out.pick_changes = pick_changes(a.manifest, b.manifest)
+    return out
+
+
+def _tuned(manifest: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """``{"mm(32x16384 float32, 16384x64 float32)": record}`` of a manifest's tuned ops; a second op of the same
+    name and inputs gets ``#2``, and so on."""
+    out: dict[str, dict[str, Any]] = {}
+    tuned = (manifest.get("autotune") or {}).get("tuned") if isinstance(manifest.get("autotune"), dict) else None
+    for op in tuned if isinstance(tuned, list) else []:
+        if not isinstance(op, dict):
+            continue
+        name = f"{op.get('op')}({', '.join(map(str, op.get('inputs') or []))})"
+        n = 2
+        base = name
+        while name in out:
+            name, n = f"{base} #{n}", n + 1
+        out[name] = op
+    return out
+
+
+def pick_text(op: dict[str, Any]) -> str | None:
+    """A tuned op's pick as its kind and config (``"decompose_k k_split=64"``, ``"extern extern_kernels.mm"``,
+    ``"triton template num_stages=3, num_warps=4, tile_shape=(32, 64, 128)"``): Inductor's choice names carry a
+    per-process counter (``triton_mm_12``), so two builds are compared by what was picked, not by its name."""
+    chosen = op.get("chosen")
+    cand = next((c for c in op.get("candidates") or [] if isinstance(c, dict) and c.get("choice") == chosen), None)
+    if chosen is None or cand is None:
+        return None if chosen is None else str(chosen)
+    config = cand.get("config") if isinstance(cand.get("config"), dict) else {}
+    text = " ".join([str(cand.get("kind")), ", ".join(f"{k}={v}" for k, v in sorted(config.items()))]).strip()
+    return text if op.get("by") in (None, "benchmark") else f"{text} (by {op.get('by')})"
+
+
+def pick_changes(a: dict[str, Any], b: dict[str, Any]) -> list[Change]:
+    """The tuned ops whose pick differs between manifests ``a`` and ``b`` (matched by op name and input sizes;
+    picks compared by :func:`pick_text`), and ops only one of them tuned, as :class:`Change` s of factor
+    ``"autotune"``."""
+    ta, tb = _tuned(a), _tuned(b)
+    out = []
+    for name in list(dict.fromkeys([*ta, *tb])):
+        va = None if name not in ta else pick_text(ta[name])
+        vb = None if name not in tb else pick_text(tb[name])
+        if va != vb:
+            out.append(Change("autotune", f"autotune.tuned {name}", "tuned pick", va, vb))
     return out
 
 

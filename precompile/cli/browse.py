@@ -149,6 +149,9 @@ def inspect(target: str, cache_url: str | None, as_json: bool) -> None:
         con.print("other autotune picks:", json.dumps(m["autotune"]["other"], sort_keys=True))
     if m["autotune"].get("multi_kernel"):
         con.print("multi-kernel picks (sub-kernel index):", json.dumps(m["autotune"]["multi_kernel"], sort_keys=True))
+    from precompile.cli.picks_view import show_tuned
+
+    show_tuned(m["autotune"].get("tuned"), m["autotune"].get("benchmark_leftovers", 0))
 
     it = Table(title="inputs and alignment")
     for col in ("#", "placeholder", "kind", "fqn", "shape", "dtype", "device", "aligned", "inductor assumes"):

@@ -69,6 +69,12 @@ def diff(a: str, b: str | None, cache_url: str | None, count: int, as_json: bool
         echo_json(comparison.to_dict())
         return
     con = console()
+    if comparison.pick_changes:
+        pt = table(f"{len(comparison.pick_changes)} tuned op(s) picked differently (GEMM, convolution)",
+                   ["op", comparison.a[:12], comparison.b[:12]])
+        for c in comparison.pick_changes:
+            pt.add_row(c.path.removeprefix("autotune.tuned "), _value(c.a), _value(c.b))
+        con.print(pt)
     if not comparison.changes:
         con.print(f"{left.key[:16]} and {comparison.b[:16]}: every key factor is the same")
         return

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from precompile.inductor import cuda_pack, harvest, shim
+from precompile.inductor import cuda_pack, harvest, picks, shim
 from precompile.inductor.products import BuildResult, NotSaveableError
 
 log = logging.getLogger("precompile.inductor")
@@ -65,7 +65,9 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], run_input
     with _build_cache_dir() as root:
         try:
             start = time.perf_counter()
-            compiled, payload_bytes, aot = shim.standalone_compile(gm, example_inputs, dynamic_shapes, options or {})
+            with picks.recording() as tuned:
+                compiled, payload_bytes, aot = shim.standalone_compile(gm, example_inputs, dynamic_shapes,
+                                                                       options or {})
             seconds = time.perf_counter() - start
             if payload_bytes is None:
                 raise NotSaveableError("Inductor saved no cache artifacts for this graph")
@@ -89,7 +91,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], run_input
             log.info("compiled in %.1f s: %d kernels (%d cpp, %d triton), %d with binaries, %d autotune picks, "
                      "%d files in the Inductor cache dir", seconds, len(ks), sum(k.lang == "cpp" for k in ks),
                      sum(k.lang == "triton" for k in ks), sum(bool(k.binaries) for k in ks),
-                     sum(bool(k.config) for k in ks) + len(products["autotune"]), len(cache_files))
+                     sum(bool(k.config) for k in ks) + len(products["autotune"]) + len(tuned), len(cache_files))
             log.debug("Inductor cache dir files: %s", sorted(cache_files))
         finally:
             # every product is in memory now; C++ kernels are loaded already, but Triton may still open files
@@ -99,7 +101,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], run_input
             else:
                 shutil.rmtree(root, ignore_errors=True)
     return BuildResult(compiled_fn=compiled, engine_payload=payload, cache_files=cache_files, compile_seconds=seconds,
-                       fast_off=fast_off, multi_kernel=multi_kernel, **facts, **products)
+                       fast_off=fast_off, multi_kernel=multi_kernel, tuned=tuned, **facts, **products)
 
 
 def _read_fx_graphs(root: str) -> list[Any]:

@@ -42,7 +42,10 @@ def harvest(root: str, graphs: list[Any]) -> dict[str, Any]:
     """Kernels (sources, binaries, picks) and autotune picks of one compile.
 
     Returns:
-        ``{"kernels": [Kernel, ...], "autotune": {best_config path: config}}`` (picks not attached to a kernel).
+        ``{"kernels": [Kernel, ...], "autotune": {best_config path: config}, "benchmark_leftovers": n}``: the
+        picks not attached to a kernel, and how many ``.best_config`` files belonged to kernels that only a
+        benchmark compiled (candidates of benchmark fusion, kernels of a ``decompose_k`` subgraph; none is in
+        the wrapper, so none is a pick).
     """
     rootp = Path(root)
     wrappers = graph_facts(graphs)["wrappers"]
@@ -86,8 +89,20 @@ def harvest(root: str, graphs: list[Any]) -> dict[str, Any]:
                      if c.get("triton_cache_hash")}
     used = _attach_triton_binaries(rootp, kernels, picked_hashes)
     _attach_bundled_binaries(graphs, kernels)
-    autotune = {rel: c for rel, c in best_configs.items() if rel not in used}
-    return {"kernels": kernels, "autotune": autotune}
+    # a config whose compiled variant is a kernel the wrapper does not call was a benchmark's (a candidate of
+    # benchmark fusion, a decompose_k subgraph's kernel...): not a pick
+    compiled = _compiled_kernel_names(rootp)
+    in_wrapper = {m.group(1) for k in kernels if k.lang == "triton" for m in [re.search(r"def (\w+)\(", k.source)] if m}
+    autotune, leftovers = {}, 0
+    for rel, c in best_configs.items():
+        if rel in used:
+            continue
+        name = compiled.get(c.get("triton_cache_hash"))
+        if name is not None and name not in in_wrapper:
+            leftovers += 1
+        else:
+            autotune[rel] = c
+    return {"kernels": kernels, "autotune": autotune, "benchmark_leftovers": leftovers}
 
 
 def _template_config(source: str) -> dict[str, Any] | None:
@@ -103,6 +118,18 @@ def _template_config(source: str) -> dict[str, Any] | None:
         if mm:
             cfg[k] = mm.group(1)
     return cfg
+
+
+def _compiled_kernel_names(root: Path) -> dict[str, str]:
+    """``{Triton cache hash (directory name): kernel function name}`` of every kernel Triton compiled here."""
+    names: dict[str, str] = {}
+    for meta_path in (root / "triton").rglob("*.json") if (root / "triton").exists() else ():
+        if not meta_path.name.startswith("__grp__"):
+            try:
+                names[meta_path.parent.name] = str(json.loads(meta_path.read_text()).get("name"))
+            except (ValueError, AttributeError):
+                continue
+    return names
 
 
 def _attach_triton_binaries(root: Path, kernels: list[Kernel],

@@ -46,6 +46,9 @@ class BuildResult:
         fast_off: why the fast path cannot be offered, as found while compiling (e.g. a Triton kernel that
             Inductor does not launch statically), or None.
         multi_kernel: ``{multi-kernel name: index of the sub-kernel picked at build}`` (``triton.multi_kernel``).
+        tuned: one record per op ``max_autotune`` benchmarked (GEMM, convolution): its candidates, their times
+            and the choice taken (:mod:`precompile.inductor.picks`).
+        benchmark_leftovers: ``.best_config`` files of kernels only a benchmark compiled (not picks).
     """
 
     compiled_fn: Any
@@ -60,6 +63,8 @@ class BuildResult:
     defers_alignment: bool = False
     fast_off: str | None = None
     multi_kernel: dict[str, int] = field(default_factory=dict)
+    tuned: list[dict[str, Any]] = field(default_factory=list)
+    benchmark_leftovers: int = 0
 
 
 class NotSaveableError(RuntimeError):

@@ -1,0 +1,59 @@
+"""``precompile inspect``'s table of GEMM and convolution picks: each op ``max_autotune`` tuned, the choice it
+took and what every candidate measured (records of :mod:`precompile.inductor.picks`, read from the manifest)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from precompile.cli.common import console
+
+#: Candidates shown per op; ``inspect --json`` has them all.
+SHOWN = 12
+
+
+def show_tuned(tuned: Any, leftovers: Any = 0) -> None:
+    """Print one summary row per tuned op, then each op's candidates, fastest first.
+
+    ``tuned`` is the manifest's ``autotune.tuned`` list; anything not shaped like it is skipped (the manifest
+    is data from a cache: its strings are printed as text, never as markup).
+    """
+    from rich.table import Table
+    from rich.text import Text
+
+    con = console()
+    ops = [t for t in tuned if isinstance(t, dict)] if isinstance(tuned, list) else []
+    if not ops:
+        return
+    st = Table(title=f"tuned ops ({len(ops)}): the choice max_autotune took (times: Inductor's benchmark, ms)")
+    for col in ("#", "op", "inputs", "chosen", "kind", "ms", "by", "fastest extern ms", "candidates"):
+        st.add_column(col)
+    for i, op in enumerate(ops):
+        cands = [c for c in op.get("candidates") or [] if isinstance(c, dict)]
+        chosen = next((c for c in cands if c.get("choice") == op.get("chosen")), {})
+        extern = [c["ms"] for c in cands if c.get("kind") == "extern" and isinstance(c.get("ms"), (int, float))]
+        st.add_row(str(i), Text(str(op.get("op"))), Text(", ".join(map(str, op.get("inputs") or []))),
+                   Text(str(op.get("chosen"))), Text(str(chosen.get("kind", "-"))), _ms(chosen.get("ms")),
+                   Text(str(op.get("by", "-"))), _ms(min(extern)) if extern else "-",
+                   str(len(cands) + int(op.get("more") or 0)))
+    con.print(st)
+    for i, op in enumerate(ops):
+        cands = [c for c in op.get("candidates") or [] if isinstance(c, dict)]
+        ct = Table(title=f"#{i} {op.get('op')}: candidates, fastest first")
+        for col in ("choice", "kind", "config", "ms", ""):
+            ct.add_column(col)
+        for c in cands[:SHOWN]:
+            ct.add_row(Text(str(c.get("choice"))), Text(str(c.get("kind"))),
+                       Text(json.dumps(c.get("config") or {}, sort_keys=True)), _ms(c.get("ms")),
+                       "chosen" if c.get("choice") == op.get("chosen") else "")
+        con.print(ct)
+        more = len(cands) - SHOWN + int(op.get("more") or 0)
+        if more > 0:
+            con.print(f"  and {more} more candidates (inspect --json)")
+    if isinstance(leftovers, int) and leftovers:
+        con.print(f"{leftovers} autotune configs of kernels that only a benchmark compiled (candidates not kept) "
+                  "are not picks and are not stored")
+
+
+def _ms(value: Any) -> str:
+    return f"{value:.4f}" if isinstance(value, (int, float)) and not isinstance(value, bool) else "failed"

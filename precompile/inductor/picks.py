@@ -1,0 +1,164 @@
+"""GEMM and convolution picks: which choice Inductor's ``max_autotune`` took for each tuned op, and what every
+candidate measured.
+
+Inductor's ``AlgorithmSelectorCache`` benchmarks the candidates of each tunable op (``mm``, ``addmm``, ``bmm``,
+``convolution``...): the extern kernels (cuBLAS through ``extern_kernels.mm``...), its Triton templates (one per
+config: block sizes, stages, warps), and subgraph choices such as ``decompose_k`` (the K dimension split into a
+batched mm and a sum, from the seed PR notes).  After each benchmark it calls every registered feedback saver
+(``torch._inductor.select_algorithm.add_feedback_saver``) with the timings; :func:`recording` registers one for
+the length of a build.  With benchmark fusion (``benchmark_epilogue_fusion``), the op's node stays a
+``MultiTemplateBuffer`` until the scheduler picks, by benchmarking fused kernels, the Triton template it keeps;
+:func:`recording` also notes each such final pick.
+
+A record, as the manifest stores it under ``autotune.tuned``::
+
+    {"op": "mm", "inputs": ["32x16384 float32", "16384x64 float32"],
+     "chosen": "decompose_k_mm_256_split", "by": "benchmark",            # or "benchmark fusion"
+     "candidates": [{"choice": ..., "kind": "extern" | "triton template" | "decompose_k" | "subgraph" | ...,
+                     "config": {...}, "ms": 0.0123 or None (failed)}, ...]}     # fastest first
+
+Times are Inductor's benchmark times, milliseconds.  Candidates are capped at :data:`MAX_CANDIDATES` per op.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import re
+from typing import Any, Iterator
+
+log = logging.getLogger("precompile.inductor")
+
+#: Most candidates kept per tuned op (fastest first); the rest are counted in ``"more"``.
+MAX_CANDIDATES = 64
+
+_DECOMPOSE_K = re.compile(r"decompose_k_\w*?_(\d+)_split")
+_CONFIG_KEYS = ("tile_shape", "num_stages", "num_warps", "GROUP_M", "EVEN_K", "ALLOW_TF32", "USE_FAST_ACCUM",
+                "kernel_call_name", "k_split")
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[list[dict[str, Any]]]:
+    """Record every tuned op's candidates and pick while the body compiles (see the module docstring).
+
+    Yields the list the records are appended to; it is complete when the body returns.  Where this torch offers
+    no feedback saver the list stays empty (logged at debug).  Nothing here changes what Inductor picks.
+    """
+    records: list[dict[str, Any]] = []
+    live: list[tuple[dict[str, Any], dict[int, str]]] = []  # (record, {id(choice): name}) until the body returns
+    finalized: list[int] = []
+    try:
+        from torch._inductor import ir, select_algorithm
+    except ImportError:  # pragma: no cover - a torch without Inductor
+        yield records
+        return
+    cache = getattr(select_algorithm, "get_algorithm_selector_cache", None)
+    if cache is None or not hasattr(cache(), "feedback_saver_fns"):
+        log.debug("this torch has no autotune feedback savers: GEMM picks are not recorded")
+        yield records
+        return
+
+    def saver(timings: dict[Any, float], name: str, input_nodes: list[Any], choices: list[Any], *_rest: Any) -> None:
+        try:
+            record, ids = _record(timings, name, input_nodes, choices)
+        except Exception as err:  # noqa: BLE001 - a pick we cannot describe must not fail the build
+            log.debug("could not record the autotune pick of %s: %s", name, err)
+            return
+        records.append(record)
+        live.append((record, ids))
+
+    mtb = getattr(ir, "MultiTemplateBuffer", None)
+    originals = {}
+    for attr in ("finalize_as_triton_caller", "finalize_as_triton_callers"):
+        fn = getattr(mtb, attr, None)
+        if fn is not None:
+            originals[attr] = fn
+
+    def _one(self: Any, caller: Any) -> Any:
+        finalized.append(id(caller))
+        return originals["finalize_as_triton_caller"](self, caller)
+
+    def _many(self: Any, callers: dict[Any, Any]) -> Any:
+        finalized.extend(id(c) for c in callers.values())
+        return originals["finalize_as_triton_callers"](self, callers)
+
+    selector = cache()
+    selector.feedback_saver_fns.append(saver)
+    if "finalize_as_triton_caller" in originals:
+        mtb.finalize_as_triton_caller = _one
+    if "finalize_as_triton_callers" in originals:
+        mtb.finalize_as_triton_callers = _many
+    try:
+        yield records
+    finally:
+        with contextlib.suppress(ValueError):
+            selector.feedback_saver_fns.remove(saver)
+        for attr, fn in originals.items():
+            setattr(mtb, attr, fn)
+        for record, ids in live:
+            fused = [ids[i] for i in finalized if i in ids]
+            if fused and fused[-1] != record["chosen"]:
+                record["chosen"], record["by"] = fused[-1], "benchmark fusion"
+
+
+def _record(timings: dict[Any, float], name: str, input_nodes: list[Any],
+            choices: list[Any]) -> tuple[dict[str, Any], dict[int, str]]:
+    """One tuned op's record and ``{id(choice): choice name}`` of its candidates."""
+    cands = []
+    ids: dict[int, str] = {}
+    for choice in dict.fromkeys([*choices, *timings]):
+        ms = timings.get(choice)
+        ok = isinstance(ms, (int, float)) and math.isfinite(ms)
+        cname = str(getattr(choice, "name", type(choice).__name__))
+        ids[id(choice)] = cname
+        cands.append({"choice": cname, "kind": _kind(choice, cname), "config": _config(choice, cname),
+                      "ms": round(float(ms), 6) if ok else None})
+    cands.sort(key=lambda c: (c["ms"] is None, c["ms"] or 0.0))
+    timed = [c for c in cands if c["ms"] is not None]
+    record = {"op": str(name), "inputs": [_describe(n) for n in input_nodes],
+              "chosen": timed[0]["choice"] if timed else None, "by": "benchmark",
+              "candidates": cands[:MAX_CANDIDATES]}
+    if len(cands) > MAX_CANDIDATES:
+        record["more"] = len(cands) - MAX_CANDIDATES
+    return record, ids
+
+
+def _kind(choice: Any, name: str) -> str:
+    backend = ""
+    with contextlib.suppress(Exception):
+        backend = str((choice.info_dict() or {}).get("backend", ""))
+    if _DECOMPOSE_K.search(name):
+        return "decompose_k"
+    if backend == "extern" or type(choice).__name__ == "ExternKernelCaller":
+        return "extern"
+    if backend == "subgraph":
+        return "subgraph"
+    if "Triton" in type(choice).__name__ or backend.lower() == "triton":
+        return "triton template"
+    return backend.lower() or type(choice).__name__
+
+
+def _config(choice: Any, name: str) -> dict[str, Any]:
+    info: dict[str, Any] = {}
+    with contextlib.suppress(Exception):
+        info = dict(choice.info_dict() or {})
+    cfg = {k: _plain(info[k]) for k in _CONFIG_KEYS if k in info}
+    m = _DECOMPOSE_K.search(name)
+    if m:
+        cfg["k_split"] = int(m.group(1))
+    return cfg
+
+
+def _describe(node: Any) -> str:
+    """``"32x16384 float32"`` (symbolic sizes as their expressions), or the node's type where that fails."""
+    try:
+        size = "x".join(str(s) for s in node.get_size())
+        dtype = str(node.get_dtype()).removeprefix("torch.")
+        return f"{size} {dtype}"
+    except Exception:  # noqa: BLE001
+        return type(node).__name__
+
+
+def _plain(value: Any) -> Any:
+    return value if isinstance(value, (bool, int, float, str)) or value is None else str(value)

@@ -1,0 +1,60 @@
+"""GEMM and convolution picks as the manifest stores them (precompile.inductor.picks): ``diff`` names a pick that
+changed, ``inspect`` prints them as text.  The records here are written out by hand because a CPU build tunes no
+GEMM (Inductor's C++ GEMM template needs constant weights); tests/test_gpu_picks.py builds real ones on a GPU."""
+
+from __future__ import annotations
+
+import io
+
+from precompile.diff import pick_changes
+
+
+_KIND = {"mm": ("extern", {"kernel_call_name": "extern_kernels.mm"}),
+         "bias_addmm": ("extern", {"kernel_call_name": "bias_addmm"}),
+         "triton_mm_3": ("triton template", {"num_stages": 3, "num_warps": 4}),
+         "triton_mm_9": ("triton template", {"num_stages": 3, "num_warps": 4}),
+         "decompose_k_mm_64_split_26": ("decompose_k", {"k_split": 64})}
+
+
+def _manifest(*ops):
+    return {"autotune": {"tuned": [
+        {"op": op, "inputs": ["32x16384 float32", "16384x64 float32"], "chosen": chosen, "by": by,
+         "candidates": [{"choice": chosen, "kind": _KIND[chosen][0], "config": _KIND[chosen][1], "ms": 0.01}]}
+        for op, chosen, by in ops]}}
+
+
+def test_diff_names_each_changed_pick_and_each_op_only_one_side_tuned():
+    a = _manifest(("mm", "mm", "benchmark"), ("mm", "triton_mm_3", "benchmark"), ("addmm", "bias_addmm", "benchmark"))
+    b = _manifest(("mm", "mm", "benchmark"), ("mm", "decompose_k_mm_64_split_26", "benchmark"))
+    changes = pick_changes(a, b)
+    assert [(c.path, c.a, c.b) for c in changes] == [
+        ("autotune.tuned mm(32x16384 float32, 16384x64 float32) #2", "triton template num_stages=3, num_warps=4",
+         "decompose_k k_split=64"),
+        ("autotune.tuned addmm(32x16384 float32, 16384x64 float32)", "extern kernel_call_name=bias_addmm", None)]
+    assert pick_changes(a, a) == []
+    # the same config under another per-process name is the same pick; the same pick made otherwise is not
+    assert pick_changes(_manifest(("mm", "triton_mm_3", "benchmark")), _manifest(("mm", "triton_mm_9", "benchmark"))) == []
+    fused = pick_changes(_manifest(("mm", "triton_mm_3", "benchmark")),
+                         _manifest(("mm", "triton_mm_3", "benchmark fusion")))
+    assert [(c.a, c.b) for c in fused] == [("triton template num_stages=3, num_warps=4",
+                                            "triton template num_stages=3, num_warps=4 (by benchmark fusion)")]
+
+
+def test_manifests_without_picks_or_with_malformed_ones_compare_empty():
+    assert pick_changes({}, {"autotune": {"tuned": "not a list"}}) == []
+    assert pick_changes({"autotune": None}, {"autotune": {"tuned": [1, "x", None]}}) == []
+
+
+def test_inspect_prints_a_pick_table_and_treats_stored_strings_as_text(monkeypatch):
+    from rich.console import Console
+
+    from precompile.cli import picks_view
+
+    out = io.StringIO()
+    monkeypatch.setattr(picks_view, "console", lambda: Console(file=out, width=200))
+    m = _manifest(("mm", "triton_mm_3", "benchmark"))
+    m["autotune"]["tuned"][0]["chosen"] = m["autotune"]["tuned"][0]["candidates"][0]["choice"] = "[red]triton_mm_3[/]"
+    picks_view.show_tuned(m["autotune"]["tuned"], 3)
+    text = out.getvalue()
+    assert "tuned ops (1)" in text and "[red]triton_mm_3[/]" in text and "chosen" in text
+    assert "3 autotune configs of kernels that only a benchmark compiled" in text
