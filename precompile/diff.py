@@ -193,7 +193,8 @@ def _tuned(manifest: dict[str, Any]) -> dict[str, dict[str, Any]]:
     for op in tuned if isinstance(tuned, list) else []:
         if not isinstance(op, dict):
             continue
-        name = f"{op.get('op')}({', '.join(map(str, op.get('inputs') or []))})"
+        inputs = op.get("inputs") if isinstance(op.get("inputs"), list) else []
+        name = f"{op.get('op')}({', '.join(map(str, inputs))})"
         n = 2
         base = name
         while name in out:
@@ -207,7 +208,8 @@ def pick_text(op: dict[str, Any]) -> str | None:
     ``"triton template num_stages=3, num_warps=4, tile_shape=(32, 64, 128)"``): Inductor's choice names carry a
     per-process counter (``triton_mm_12``), so two builds are compared by what was picked, not by its name."""
     chosen = op.get("chosen")
-    cand = next((c for c in op.get("candidates") or [] if isinstance(c, dict) and c.get("choice") == chosen), None)
+    cands = op.get("candidates") if isinstance(op.get("candidates"), list) else []
+    cand = next((c for c in cands if isinstance(c, dict) and c.get("choice") == chosen), None)
     if chosen is None or cand is None:
         return None if chosen is None else str(chosen)
     config = cand.get("config") if isinstance(cand.get("config"), dict) else {}
@@ -217,13 +219,13 @@ def pick_text(op: dict[str, Any]) -> str | None:
 
 def pick_changes(a: dict[str, Any], b: dict[str, Any]) -> list[Change]:
     """The tuned ops whose pick differs between manifests ``a`` and ``b`` (matched by op name and input sizes;
-    picks compared by :func:`pick_text`), and ops only one of them tuned, as :class:`Change` s of factor
-    ``"autotune"``."""
+    picks compared by :func:`pick_text`), and ops only one of them tuned (that side's value ``"(not tuned)"``),
+    as :class:`Change` s of factor ``"autotune"``."""
     ta, tb = _tuned(a), _tuned(b)
     out = []
     for name in list(dict.fromkeys([*ta, *tb])):
-        va = None if name not in ta else pick_text(ta[name])
-        vb = None if name not in tb else pick_text(tb[name])
+        va = "(not tuned)" if name not in ta else pick_text(ta[name]) or "(no pick)"
+        vb = "(not tuned)" if name not in tb else pick_text(tb[name]) or "(no pick)"
         if va != vb:
             out.append(Change("autotune", f"autotune.tuned {name}", "tuned pick", va, vb))
     return out

@@ -30,7 +30,8 @@ def test_diff_names_each_changed_pick_and_each_op_only_one_side_tuned():
     assert [(c.path, c.a, c.b) for c in changes] == [
         ("autotune.tuned mm(32x16384 float32, 16384x64 float32) #2", "triton template num_stages=3, num_warps=4",
          "decompose_k k_split=64"),
-        ("autotune.tuned addmm(32x16384 float32, 16384x64 float32)", "extern kernel_call_name=bias_addmm", None)]
+        ("autotune.tuned addmm(32x16384 float32, 16384x64 float32)", "extern kernel_call_name=bias_addmm",
+         "(not tuned)")]
     assert pick_changes(a, a) == []
     # the same config under another per-process name is the same pick; the same pick made otherwise is not
     assert pick_changes(_manifest(("mm", "triton_mm_3", "benchmark")), _manifest(("mm", "triton_mm_9", "benchmark"))) == []
@@ -43,6 +44,20 @@ def test_diff_names_each_changed_pick_and_each_op_only_one_side_tuned():
 def test_manifests_without_picks_or_with_malformed_ones_compare_empty():
     assert pick_changes({}, {"autotune": {"tuned": "not a list"}}) == []
     assert pick_changes({"autotune": None}, {"autotune": {"tuned": [1, "x", None]}}) == []
+    odd = {"autotune": {"tuned": [{"op": "mm", "inputs": 5, "candidates": 5, "chosen": None, "more": "x"}]}}
+    assert [(c.a, c.b) for c in pick_changes({}, odd)] == [("(not tuned)", "(no pick)")]
+
+
+def test_inspect_survives_malformed_and_markup_laden_records(monkeypatch):
+    from rich.console import Console
+
+    from precompile.cli import picks_view
+
+    out = io.StringIO()
+    monkeypatch.setattr(picks_view, "console", lambda: Console(file=out, width=200))
+    picks_view.show_tuned([{"op": "[/]x", "inputs": 5, "candidates": 5, "more": "x", "chosen": "[/]"},
+                           {"op": "mm", "candidates": [{"choice": "c", "ms": True, "config": "[/]"}], "more": -3}], "7")
+    assert "[/]x" in out.getvalue() and "tuned ops (2)" in out.getvalue()
 
 
 def test_inspect_prints_a_pick_table_and_treats_stored_strings_as_text(monkeypatch):

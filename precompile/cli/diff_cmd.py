@@ -72,8 +72,10 @@ def diff(a: str, b: str | None, cache_url: str | None, count: int, as_json: bool
     if comparison.pick_changes:
         pt = table(f"{len(comparison.pick_changes)} tuned op(s) picked differently (GEMM, convolution)",
                    ["op", comparison.a[:12], comparison.b[:12]])
-        for c in comparison.pick_changes:
-            pt.add_row(c.path.removeprefix("autotune.tuned "), _value(c.a), _value(c.b))
+        from rich.text import Text
+
+        for c in comparison.pick_changes:  # names and picks come from the manifests: text, never markup
+            pt.add_row(Text(c.path.removeprefix("autotune.tuned ")), Text(_value(c.a)), Text(_value(c.b)))
         con.print(pt)
     if not comparison.changes:
         con.print(f"{left.key[:16]} and {comparison.b[:16]}: every key factor is the same")

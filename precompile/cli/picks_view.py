@@ -18,6 +18,7 @@ def show_tuned(tuned: Any, leftovers: Any = 0) -> None:
     ``tuned`` is the manifest's ``autotune.tuned`` list; anything not shaped like it is skipped (the manifest
     is data from a cache: its strings are printed as text, never as markup).
     """
+    from rich.markup import escape
     from rich.table import Table
     from rich.text import Text
 
@@ -29,17 +30,17 @@ def show_tuned(tuned: Any, leftovers: Any = 0) -> None:
     for col in ("#", "op", "inputs", "chosen", "kind", "ms", "by", "fastest extern ms", "candidates"):
         st.add_column(col)
     for i, op in enumerate(ops):
-        cands = [c for c in op.get("candidates") or [] if isinstance(c, dict)]
+        cands = _candidates(op)
         chosen = next((c for c in cands if c.get("choice") == op.get("chosen")), {})
-        extern = [c["ms"] for c in cands if c.get("kind") == "extern" and isinstance(c.get("ms"), (int, float))]
-        st.add_row(str(i), Text(str(op.get("op"))), Text(", ".join(map(str, op.get("inputs") or []))),
+        extern = [c["ms"] for c in cands if c.get("kind") == "extern" and _is_ms(c.get("ms"))]
+        st.add_row(str(i), Text(str(op.get("op"))), Text(", ".join(map(str, _list(op.get("inputs"))))),
                    Text(str(op.get("chosen"))), Text(str(chosen.get("kind", "-"))), _ms(chosen.get("ms")),
                    Text(str(op.get("by", "-"))), _ms(min(extern)) if extern else "-",
-                   str(len(cands) + int(op.get("more") or 0)))
+                   str(len(cands) + _more(op)))
     con.print(st)
     for i, op in enumerate(ops):
-        cands = [c for c in op.get("candidates") or [] if isinstance(c, dict)]
-        ct = Table(title=f"#{i} {op.get('op')}: candidates, fastest first")
+        cands = _candidates(op)
+        ct = Table(title=f"#{i} {escape(str(op.get('op')))}: candidates, fastest first")
         for col in ("choice", "kind", "config", "ms", ""):
             ct.add_column(col)
         for c in cands[:SHOWN]:
@@ -47,7 +48,7 @@ def show_tuned(tuned: Any, leftovers: Any = 0) -> None:
                        Text(json.dumps(c.get("config") or {}, sort_keys=True)), _ms(c.get("ms")),
                        "chosen" if c.get("choice") == op.get("chosen") else "")
         con.print(ct)
-        more = len(cands) - SHOWN + int(op.get("more") or 0)
+        more = len(cands) - SHOWN + _more(op)
         if more > 0:
             con.print(f"  and {more} more candidates (inspect --json)")
     if isinstance(leftovers, int) and leftovers:
@@ -55,5 +56,22 @@ def show_tuned(tuned: Any, leftovers: Any = 0) -> None:
                   "are not picks and are not stored")
 
 
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _candidates(op: dict[str, Any]) -> list[dict[str, Any]]:
+    return [c for c in _list(op.get("candidates")) if isinstance(c, dict)]
+
+
+def _more(op: dict[str, Any]) -> int:
+    more = op.get("more")
+    return more if isinstance(more, int) and not isinstance(more, bool) and more > 0 else 0
+
+
+def _is_ms(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def _ms(value: Any) -> str:
-    return f"{value:.4f}" if isinstance(value, (int, float)) and not isinstance(value, bool) else "failed"
+    return f"{value:.4f}" if _is_ms(value) else "failed"

@@ -55,6 +55,7 @@ def harvest(root: str, graphs: list[Any]) -> dict[str, Any]:
     cpp_files = {p: p.read_text(errors="replace") for p in files if p.suffix == ".cpp"}
     kernels: list[Kernel] = []
     seen: set[str] = set()
+    triton_names: set[str] = set()  # the kernel names the wrapper hands async_compile.triton
     for source in wrappers.values():
         for name, text in CPP_KERNEL.findall(source):
             if name in seen:
@@ -72,6 +73,7 @@ def harvest(root: str, graphs: list[Any]) -> dict[str, Any]:
                     break
             kernels.append(k)
         for name, kname, text in TRITON_KERNEL.findall(source):
+            triton_names.add(kname)
             if name in seen:
                 continue
             seen.add(name)
@@ -92,7 +94,7 @@ def harvest(root: str, graphs: list[Any]) -> dict[str, Any]:
     # a config whose compiled variant is a kernel the wrapper does not call was a benchmark's (a candidate of
     # benchmark fusion, a decompose_k subgraph's kernel...): not a pick
     compiled = _compiled_kernel_names(rootp)
-    in_wrapper = {m.group(1) for k in kernels if k.lang == "triton" for m in [re.search(r"def (\w+)\(", k.source)] if m}
+    in_wrapper = triton_names | {f for k in kernels if k.lang == "triton" for f in re.findall(r"def (\w+)\(", k.source)}
     autotune, leftovers = {}, 0
     for rel, c in best_configs.items():
         if rel in used:

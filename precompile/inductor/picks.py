@@ -18,6 +18,10 @@ A record, as the manifest stores it under ``autotune.tuned``::
                      "config": {...}, "ms": 0.0123 or None (failed)}, ...]}     # fastest first
 
 Times are Inductor's benchmark times, milliseconds.  Candidates are capped at :data:`MAX_CANDIDATES` per op.
+``chosen`` is the benchmark's pick, or the template benchmark fusion finalized; where the scheduler instead falls
+back to an extern kernel for a ``MultiTemplateBuffer`` (a layout it cannot fuse), the record still names the
+benchmark's pick.  One recording at a time per process (a lock): Inductor's selector and the patched methods are
+process-wide.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import contextlib
 import logging
 import math
 import re
+import threading
 from typing import Any, Iterator
 
 log = logging.getLogger("precompile.inductor")
@@ -34,8 +39,10 @@ log = logging.getLogger("precompile.inductor")
 MAX_CANDIDATES = 64
 
 _DECOMPOSE_K = re.compile(r"decompose_k_\w*?_(\d+)_split")
-_CONFIG_KEYS = ("tile_shape", "num_stages", "num_warps", "GROUP_M", "EVEN_K", "ALLOW_TF32", "USE_FAST_ACCUM",
-                "kernel_call_name", "k_split")
+_CONFIG_KEYS = ("tile_shape", "num_stages", "num_warps", "GROUP_M", "EVEN_K", "ALLOW_TF32", "allow_tf32",
+                "USE_FAST_ACCUM", "kernel_call_name", "k_split")
+_COUNTER = re.compile(r"_\d+$")
+_LOCK = threading.RLock()
 
 
 @contextlib.contextmanager
@@ -45,8 +52,15 @@ def recording() -> Iterator[list[dict[str, Any]]]:
     Yields the list the records are appended to; it is complete when the body returns.  Where this torch offers
     no feedback saver the list stays empty (logged at debug).  Nothing here changes what Inductor picks.
     """
+    with _LOCK:
+        yield from _recording()
+
+
+def _recording() -> Iterator[list[dict[str, Any]]]:
     records: list[dict[str, Any]] = []
-    live: list[tuple[dict[str, Any], dict[int, str]]] = []  # (record, {id(choice): name}) until the body returns
+    # (record, {id(choice): name}, the choices): the choices are held until the body returns, so that no id is
+    # reused by another object while a finalized caller is matched to its record
+    live: list[tuple[dict[str, Any], dict[int, str], list[Any]]] = []
     finalized: list[int] = []
     try:
         from torch._inductor import ir, select_algorithm
@@ -66,7 +80,7 @@ def recording() -> Iterator[list[dict[str, Any]]]:
             log.debug("could not record the autotune pick of %s: %s", name, err)
             return
         records.append(record)
-        live.append((record, ids))
+        live.append((record, ids, [*choices, *timings]))
 
     mtb = getattr(ir, "MultiTemplateBuffer", None)
     originals = {}
@@ -80,7 +94,10 @@ def recording() -> Iterator[list[dict[str, Any]]]:
         return originals["finalize_as_triton_caller"](self, caller)
 
     def _many(self: Any, callers: dict[Any, Any]) -> Any:
-        finalized.extend(id(c) for c in callers.values())
+        # the caller without a hint override is the one the buffer renders by default
+        default = callers.get(None, next(iter(callers.values()), None))
+        if default is not None:
+            finalized.append(id(default))
         return originals["finalize_as_triton_callers"](self, callers)
 
     selector = cache()
@@ -96,7 +113,7 @@ def recording() -> Iterator[list[dict[str, Any]]]:
             selector.feedback_saver_fns.remove(saver)
         for attr, fn in originals.items():
             setattr(mtb, attr, fn)
-        for record, ids in live:
+        for record, ids, _choices in live:
             fused = [ids[i] for i in finalized if i in ids]
             if fused and fused[-1] != record["chosen"]:
                 record["chosen"], record["by"] = fused[-1], "benchmark fusion"
@@ -147,6 +164,8 @@ def _config(choice: Any, name: str) -> dict[str, Any]:
     m = _DECOMPOSE_K.search(name)
     if m:
         cfg["k_split"] = int(m.group(1))
+    elif "Triton" in type(choice).__name__:  # which template: triton_mm, triton_persistent_tma_mm, ...
+        cfg["template"] = _COUNTER.sub("", name)
     return cfg
 
 
