@@ -33,7 +33,7 @@ from pathlib import Path
 from precompile.errors import ConfigError
 
 #: Version of the artifact format (manifest schema, container layout).  Part of every artifact key.
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 
 #: Default size cap of a local cache directory, in bytes.
 DEFAULT_LOCAL_MAX_BYTES = 20 * 1024**3

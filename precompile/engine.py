@@ -86,13 +86,13 @@ def start_primer(manifest: Any) -> Any:
 
 
 def _load_fast(art: Artifact, fast: dict[str, Any]) -> Callable[..., Any]:
-    from precompile.inductor.runtime import load_fast
+    from precompile.inductor.runtime import fast_binary, load_fast
 
     if art.primer is None:  # not started by the cache read (a file or directory load): started here
         art.primer = start_primer(art.manifest)
     primer = art.primer
     source = art.blob(fast["source"]).decode()
-    kernels = {k["source"]: art.blob(next(d for f, d in sorted(k["binaries"].items()) if f.endswith(".so")))
+    kernels = {k["source"]: art.blob(k["binaries"][fast_binary(k["lang"], list(k["binaries"]))])
                for k in art.manifest.kernels}
     return load_fast(source, kernels, extern=fast.get("extern"), ops=fast.get("ops"),
                      multi_kernel=fast.get("multi_kernel"), inputs_to_check=sorted(art._aligned_assumed),

@@ -223,7 +223,7 @@ def _check_fast(fast: dict[str, Any], wrappers: dict[str, Any], named: Any) -> N
 def file_name(name: str, suffix: str = "") -> str:
     """``name + suffix`` as one file name of at most 255 characters: a longer one keeps its first 200 characters
     and gets the sha256 of the whole name instead of the rest (Inductor names kernels after every op they fuse,
-    and such a name plus ``.launch.so`` can pass the file-name limit).  ``name`` is a checked kernel or binary
+    and such a name plus ``.launch`` can pass the file-name limit).  ``name`` is a checked kernel or binary
     name (:func:`kernel_name`, :func:`binary_name` part)."""
     whole = name + suffix
     if len(whole) <= 255:

@@ -6,7 +6,7 @@ Every test loads in a fresh process, as a serving worker would.
 from __future__ import annotations
 
 import json
-import shutil
+import struct
 from pathlib import Path
 
 import pytest
@@ -14,7 +14,7 @@ import torch
 
 import precompile
 from conftest import assert_same_output, run_python
-from precompile.inductor import cuda_pack, cuda_runtime, runtime
+from precompile.inductor import cuda_runtime, runtime
 
 import _graphs
 
@@ -160,16 +160,40 @@ def test_triton_launcher_computes_the_grid_of_the_picked_config():
     assert calls == [("FUNCTION", 8, 1, 1, 8, 64, "OOiO", ("a", "b", 256, None), 7)]
 
 
-@pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc to package a kernel")
-def test_launch_binary_carries_the_cubin_and_its_record(tmp_path):
-    record = {"format": cuda_runtime.LAUNCH_FORMAT, "name": "k", "params": ["x"], "passed": ["x"], "grid": []}
+def test_launch_blob_carries_the_cubin_and_its_record_as_data():
+    record = {"name": "k", "params": ["x", "xnumel"], "passed": ["x", "xnumel"], "arg_tys": "Oi", "scratch": 0,
+              "num_warps": 4, "shared": 0, "device": 0, "grid": ["grid_0 = -((xnumel) // -(256))", "grid_1 = 1"]}
     cubin = bytes(range(256)) * 40 + b"\0tail"
-    so = cuda_pack.build_launch_so(shutil.which("gcc"), str(tmp_path), record, cubin)
-    assert so[:4] == b"\x7fELF"
-    assert cuda_runtime.read_launch_so(so, "0" * 16) == (record, cubin)
-    with pytest.raises(ValueError, match="format"):
-        cuda_runtime.read_launch_so(cuda_pack.build_launch_so(
-            shutil.which("gcc"), str(tmp_path), {**record, "format": 99}, cubin), "1" * 16)
+    blob = cuda_runtime.pack_launch(record, cubin)
+    assert blob[:8] == b"PCLAUNCH" and b"\x7fELF" not in blob[:64]  # data, not a shared object
+    assert cuda_runtime.read_launch(blob, "0" * 16) == ({**record, "format": cuda_runtime.LAUNCH_FORMAT}, cubin)
+
+
+@pytest.mark.parametrize("damage, why", [
+    (lambda b: b[:10], "shorter than its header"),
+    (lambda b: b"XXLAUNCH" + b[8:], "not a Triton launch blob"),
+    (lambda b: b[:8] + struct.pack("<I", 99) + b[12:], "format 99"),
+    (lambda b: b[:12] + struct.pack("<I", 1 << 30) + b[16:], "declares a record of"),
+    (lambda b: b[:16] + b"}" + b[17:], "not JSON"),
+])
+def test_a_damaged_launch_blob_is_refused_with_its_reason(damage, why):
+    record = {"name": "k", "params": ["x"], "passed": ["x"], "arg_tys": "O", "scratch": 0, "num_warps": 4,
+              "shared": 0, "device": 0, "grid": ["grid_0 = 1"]}
+    with pytest.raises(ValueError, match=why):
+        cuda_runtime.read_launch(damage(cuda_runtime.pack_launch(record, b"cubin")), "1" * 16)
+
+
+@pytest.mark.parametrize("field, value, why", [
+    ("grid", ["grid_0 = __import__('os').system('x')"], "not plain arithmetic"),
+    ("params", ["x; import os"], "not identifiers"),
+    ("name", "k(", "not identifiers"),
+    ("num_warps", "4", "wrong type"),
+])
+def test_a_launch_record_that_could_run_code_is_refused(field, value, why):
+    record = {"name": "k", "params": ["x"], "passed": ["x"], "arg_tys": "O", "scratch": 0, "num_warps": 4,
+              "shared": 0, "device": 0, "grid": ["grid_0 = 1"], field: value}
+    with pytest.raises(ValueError, match=why):
+        cuda_runtime.read_launch(cuda_runtime.pack_launch(record, b"cubin"), "2" * 16)
 
 
 GPU_D, GPU_H, GPU_BATCH = 256, 512, 64
@@ -204,8 +228,8 @@ def test_gpu_artifact_loads_through_the_fast_path(options, tmp_path):
     art = precompile.standalone_compile(gm, inputs, options=options)
     assert art.manifest.parts["fast"] is not None, "the fast path was not offered (the precompile log says why)"
     triton_kernels = [k for k in art.manifest.kernels if k["lang"] == "triton"]
-    assert triton_kernels and all(
-        [f for f in k["binaries"] if f.endswith(".so")] == [k["name"] + ".launch.so"] for k in triton_kernels)
+    assert triton_kernels and all(  # a Triton kernel carries no host binary: its .launch blob is data
+        [f for f in k["binaries"] if f.endswith((".so", ".launch"))] == [k["name"] + ".launch"] for k in triton_kernels)
     with torch.no_grad():
         want = art(*inputs)
     path = tmp_path / "mlp.pc"

@@ -1,34 +1,28 @@
-"""Triton kernels packaged for the fast path: the picked cubin and how Inductor launches it, in one ``.so``.
+"""Triton kernels packaged for the fast path: the picked cubin and how Inductor launches it, as data.
 
 The fast path launches each Triton kernel's picked cubin through torch's own static CUDA launcher
 (``torch._C._StaticCudaLauncher``, what Inductor itself uses for statically launchable kernels), so a load
 needs neither Triton nor gcc.  The build records, per kernel, what Inductor's generated launcher does (its
 parameters, the grid expressions for the picked config, the parameters that reach the cubin and their type
-codes, num_warps, shared memory) and packs that record with the picked cubin into one small shared object,
-``<kernel>.launch.so`` (the cubin and the record as read-only data, the way AOTInductor embeds kernel
-binaries), so that each kernel travels as one loadable binary, as a C++ kernel's ``.so`` does.  Grids are
-expressions of the launcher's parameters (``xnumel``...), so a graph with symbolic sizes gets the grid of
-each call's sizes.
+codes, num_warps, shared memory) and packs that record with the picked cubin into one blob,
+``<kernel>.launch`` (:func:`precompile.inductor.cuda_runtime.pack_launch`): data, not a host binary, so a load
+runs nothing host-side that the artifact carries for a Triton kernel.  Grids are expressions of the launcher's
+parameters (``xnumel``...), checked to be plain arithmetic at load, so a graph with symbolic sizes gets the grid
+of each call's sizes.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import re
-import shutil
-import subprocess
-import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from precompile.inductor import runs, shim
-from precompile.inductor.cuda_runtime import LAUNCH_FORMAT, LAUNCH_SO
+from precompile.inductor.cuda_runtime import LAUNCH, LAUNCH_FORMAT, pack_launch
 from precompile.inductor.products import Kernel
 
 log = logging.getLogger("precompile.inductor")
@@ -166,42 +160,8 @@ def _static_from_compiled(binary: Any) -> tuple[Any, bytes]:
         raise NotFast(f"the static launcher cannot launch it: {err}") from err
 
 
-_LAUNCH_SO_C = r"""/* precompile: Triton kernel %(name)s, its picked cubin and launch record (read-only data) */
-__asm__(
-    "\t.section .rodata\n"
-    "\t.balign 128\n"
-    "\t.globl pc_cubin\n"
-    "pc_cubin:\n"
-    "\t.incbin \"%(cubin)s\"\n"
-    "\t.globl pc_cubin_end\n"
-    "pc_cubin_end:\n"
-    "\t.globl pc_record\n"
-    "pc_record:\n"
-    "\t.incbin \"%(record)s\"\n"
-    "\t.byte 0\n"
-    "\t.previous\n");
-"""
-
-
-def build_launch_so(cc: str, tmp: str, record: dict[str, Any], cubin: bytes) -> bytes:
-    """Link ``record`` (JSON) and ``cubin`` into a shared object: ``<name>.launch.so`` bytes.
-
-    Raises:
-        NotFast: the compiler failed.
-    """
-    d = Path(tempfile.mkdtemp(dir=tmp))
-    (d / "k.cubin").write_bytes(cubin)
-    (d / "k.json").write_text(json.dumps(record, sort_keys=True))
-    (d / "k.c").write_text(_LAUNCH_SO_C % {"name": record["name"], "cubin": d / "k.cubin", "record": d / "k.json"})
-    proc = subprocess.run([cc, "-shared", "-fPIC", "-nostdlib", "-o", str(d / "k.so"), str(d / "k.c")],
-                          capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        raise NotFast(f"{cc} failed to package it: {proc.stderr.strip()[-500:]}")
-    return (d / "k.so").read_bytes()
-
-
 def package_triton_kernels(root: str, kernels: list[Kernel]) -> str | None:
-    """Give every Triton kernel a ``<name>.launch.so`` binary (see above).
+    """Give every Triton kernel a ``<name>.launch`` blob (see above).
 
     Returns:
         None (done, or there are no Triton kernels), or why the fast path is off; then no kernel gets one.
@@ -212,9 +172,6 @@ def package_triton_kernels(root: str, kernels: list[Kernel]) -> str | None:
     module = _live_wrapper_module([k.name for k in triton_kernels])
     if module is None:
         return "the compiled wrapper module is not loaded"
-    cc = shutil.which(os.environ.get("CC") or "gcc") or shutil.which("cc")
-    if cc is None:
-        return "no C compiler to package Triton kernels with"
     try:
         records = []
         for k in triton_kernels:
@@ -224,15 +181,13 @@ def package_triton_kernels(root: str, kernels: list[Kernel]) -> str | None:
     except Exception as err:  # noqa: BLE001 - Inductor internals changed: only the fast path is lost
         return f"reading Triton kernel {k.name}'s launcher failed ({type(err).__name__}: {err})"
     start = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="precompile-pack-") as tmp, \
-            ThreadPoolExecutor(max_workers=min(16, os.cpu_count() or 1)) as pool:
-        try:
-            built = list(pool.map(lambda r: build_launch_so(cc, tmp, r[1], r[2]), records))
-        except NotFast as err:
-            return str(err)
-    for (k, record, _), so in zip(records, built):
-        k.binaries[record["name"] + LAUNCH_SO] = so
-    log.info("packaged %d Triton kernels for the fast path in %.2f s", len(built), time.perf_counter() - start)
+    try:
+        packed = [pack_launch(record, cubin) for _, record, cubin in records]
+    except ValueError as err:
+        return str(err)
+    for (k, record, _), blob in zip(records, packed):
+        k.binaries[record["name"] + LAUNCH] = blob
+    log.info("packaged %d Triton kernels for the fast path in %.3f s", len(packed), time.perf_counter() - start)
     return None
 
 

@@ -1,18 +1,28 @@
 """The fast path's Triton side at load: picked cubins launched by torch's static CUDA launcher, multi-kernels.
 
-Nothing here imports Triton, Inductor or sympy, and nothing is compiled: a kernel's ``<name>.launch.so``
-(:mod:`precompile.inductor.cuda_pack`) is loaded from memory, its cubin goes to the CUDA driver, and its launch
-record becomes a small ``run(*params, stream)`` function that computes the grid of the picked config for each
-call's sizes, as Inductor's generated launcher does.
+Nothing here imports Triton, Inductor or sympy, and nothing is compiled or loaded host-side: a kernel's
+``<name>.launch`` blob (:func:`pack_launch`, written at build by :mod:`precompile.inductor.cuda_pack`) is data, a
+length-prefixed launch record (JSON) followed by the picked cubin; the cubin goes to the CUDA driver, and the record
+becomes a small ``run(*params, stream)`` function that computes the grid of the picked config for each call's
+sizes, as Inductor's generated launcher does.
+
+Blob layout (all integers little-endian)::
+
+    magic       8 bytes   b"PCLAUNCH"
+    format      u32       LAUNCH_FORMAT
+    record_len  u32       at most 1 MiB
+    record      record_len bytes of UTF-8 JSON: name, params, passed, arg_tys, scratch, num_warps, shared, device,
+                grid (lines of plain arithmetic over the params)
+    cubin       the rest: the picked variant's cubin, as Triton wrote it
 """
 
 from __future__ import annotations
 
-import ctypes
 import json
 import math
 import os
 import re
+import struct
 from typing import Any
 
 import torch
@@ -20,40 +30,64 @@ import torch
 from precompile.inductor import shim
 from precompile.inductor.memfd import memfd
 
-#: Version of the launch record a ``.launch.so`` carries.
-LAUNCH_FORMAT = 1
+#: Version of the ``.launch`` blob layout and its record.
+LAUNCH_FORMAT = 2
 #: File-name suffix of a packaged Triton kernel.
-LAUNCH_SO = ".launch.so"
+LAUNCH = ".launch"
+_MAGIC = b"PCLAUNCH"
+_HEADER = struct.Struct("<8sII")
 
 _GRID_LINE = re.compile(r"^[\w\s()+\-*/%<>=!,.\[\]]*$")
 _RECORD_MAX_BYTES = 1 << 20
 
 
-def read_launch_so(so: bytes, digest: str) -> tuple[dict[str, Any], bytes]:
-    """``(launch record, cubin bytes)`` from a ``<kernel>.launch.so`` (see ``cuda_pack.build_launch_so``).
+def pack_launch(record: dict[str, Any], cubin: bytes) -> bytes:
+    """A ``<name>.launch`` blob (layout in the module docstring) of ``record`` and ``cubin``.
 
     Raises:
-        ValueError: the record is of another format, is larger than 1 MiB, or names parameters that are not
-            identifiers or grid lines that are not arithmetic.
-        OSError / AttributeError: the shared object does not load or lacks the symbols.
+        ValueError: the record is larger than 1 MiB.
     """
-    _, path = memfd(so, f"pc-{digest[:16]}.launch.so")
-    lib = ctypes.CDLL(path)
-    start = ctypes.addressof(ctypes.c_char.in_dll(lib, "pc_cubin"))
-    end = ctypes.addressof(ctypes.c_char.in_dll(lib, "pc_cubin_end"))
-    if not 0 <= end - start <= len(so):
-        raise ValueError(f"launch binary {digest[:12]} declares a cubin of {end - start} bytes in {len(so)}")
-    raw = ctypes.string_at(ctypes.addressof(ctypes.c_char.in_dll(lib, "pc_record")))
+    raw = json.dumps({**record, "format": LAUNCH_FORMAT}, sort_keys=True).encode()
     if len(raw) > _RECORD_MAX_BYTES:
-        raise ValueError(f"launch record of {digest[:12]} is {len(raw)} bytes, more than {_RECORD_MAX_BYTES}")
-    record = json.loads(raw)
-    if record.get("format") != LAUNCH_FORMAT:
-        raise ValueError(f"launch record format {record.get('format')!r}, this precompile reads {LAUNCH_FORMAT}")
-    if not all(isinstance(a, str) and a.isidentifier() for a in record["params"] + record["passed"]):
+        raise ValueError(f"launch record of {record.get('name')} is {len(raw)} bytes, more than {_RECORD_MAX_BYTES}")
+    return _HEADER.pack(_MAGIC, LAUNCH_FORMAT, len(raw)) + raw + cubin
+
+
+def read_launch(blob: bytes, digest: str) -> tuple[dict[str, Any], bytes]:
+    """``(launch record, cubin bytes)`` from a verified ``<kernel>.launch`` blob (:func:`pack_launch`).
+
+    Nothing in it is executed host-side: the record's grid lines must be plain arithmetic and its names
+    identifiers before :func:`launcher_function` turns them into a launcher.
+
+    Raises:
+        ValueError: not a launch blob, another format, a record longer than 1 MiB or than the blob, a record that
+            is not a JSON object with the expected fields, parameters that are not identifiers, or grid lines
+            that are not arithmetic.
+    """
+    if len(blob) < _HEADER.size:
+        raise ValueError(f"launch blob {digest[:12]} is {len(blob)} bytes, shorter than its header")
+    magic, fmt, n = _HEADER.unpack_from(blob)
+    if magic != _MAGIC:
+        raise ValueError(f"blob {digest[:12]} is not a Triton launch blob (magic {magic!r})")
+    if fmt != LAUNCH_FORMAT:
+        raise ValueError(f"launch blob format {fmt}, this precompile reads {LAUNCH_FORMAT}")
+    if n > _RECORD_MAX_BYTES or _HEADER.size + n > len(blob):
+        raise ValueError(f"launch blob {digest[:12]} declares a record of {n} bytes in {len(blob)}")
+    try:
+        record = json.loads(blob[_HEADER.size:_HEADER.size + n])
+    except ValueError as err:
+        raise ValueError(f"launch record of {digest[:12]} is not JSON: {err}") from err
+    fields = {"name": str, "params": list, "passed": list, "grid": list, "arg_tys": str, "scratch": int,
+              "num_warps": int, "shared": int, "device": int}
+    if not isinstance(record, dict) or record.get("format") != LAUNCH_FORMAT or \
+            any(not isinstance(record.get(f), t) for f, t in fields.items()):
+        raise ValueError(f"launch record of {digest[:12]} lacks a field or has one of the wrong type")
+    if not record["name"].isidentifier() or \
+            not all(isinstance(a, str) and a.isidentifier() for a in record["params"] + record["passed"]):
         raise ValueError("launch record names parameters that are not identifiers")
     if not all(isinstance(line, str) and _GRID_LINE.match(line) for line in record["grid"]):
         raise ValueError("launch record has grid lines that are not plain arithmetic")
-    return record, ctypes.string_at(start, end - start)
+    return record, blob[_HEADER.size + n:]
 
 
 class TritonKernel:

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from precompile.inductor import externs, prime, runs, runtime, shim
-from precompile.inductor.cuda_runtime import LAUNCH_SO
+from precompile.inductor.runtime import fast_binary
 from precompile.inductor.products import BuildResult, Kernel
 
 log = logging.getLogger("precompile.inductor")
@@ -29,18 +29,12 @@ _OTHER_ASYNC = re.compile(r"async_compile\.(?!cpp_pybinding\(|triton\(|wait\(|mu
 
 
 def _has_launch_binary(k: Kernel) -> bool:
-    if k.lang == "cpp":
-        return any(f.endswith(".so") for f in k.binaries)
-    if k.lang == "triton":
-        so = [f for f in k.binaries if f.endswith(".so")]
-        return len(so) == 1 and so[0].endswith(LAUNCH_SO)
-    return False
+    return fast_binary(k.lang, list(k.binaries)) is not None
 
 
 def kernel_binaries(kernels: list[Kernel]) -> dict[str, bytes]:
-    """``{sha256 of a kernel's source: the .so a fast load binds it to}``."""
-    return {hashlib.sha256(k.source.encode()).hexdigest(): next(b for f, b in sorted(k.binaries.items())
-                                                                if f.endswith(".so"))
+    """``{sha256 of a kernel's source: the binary a fast load binds it to}`` (:func:`fast_binary`)."""
+    return {hashlib.sha256(k.source.encode()).hexdigest(): k.binaries[fast_binary(k.lang, list(k.binaries))]
             for k in kernels}
 
 

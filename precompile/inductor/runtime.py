@@ -5,7 +5,7 @@ does: it imports Inductor's compile-time modules (and with them Dynamo and sympy
 with gcc, looks up (or rebuilds) every C++ kernel and has Triton build its C launchers with gcc.  The fast path
 runs Inductor's wrapper module itself, with its imports of compile-time modules replaced by the stand-ins of
 :class:`FastRuntime`: every ``async_compile.cpp_pybinding(...)`` is bound to the ``.so`` the artifact carries,
-every ``async_compile.triton(...)`` to the picked cubin its ``.launch.so`` carries, launched through torch's
+every ``async_compile.triton(...)`` to the picked cubin its ``.launch`` blob carries, launched through torch's
 static CUDA launcher (:mod:`precompile.inductor.cuda_runtime`), every multi-kernel to its sub-kernel picked at
 build.  Binaries are loaded through memfd, never compiled; Triton is not imported.
 
@@ -123,7 +123,19 @@ class FastRuntime:
 
     def load_triton(self, source: str) -> Any:
         digest, so = self._binary(source, "Triton")
-        return cuda_runtime.TritonKernel(*cuda_runtime.read_launch_so(so, digest))
+        return cuda_runtime.TritonKernel(*cuda_runtime.read_launch(so, digest))
+
+
+def fast_binary(lang: str, files: list[str]) -> str | None:
+    """Of a kernel's binary file names, the one a fast load binds it to: a C++ kernel's ``.so``, a Triton
+    kernel's ``<name>.launch`` blob (data: launch record and cubin); None if it has none (or a Triton kernel
+    several)."""
+    if lang == "cpp":
+        return next((f for f in sorted(files) if f.endswith(".so")), None)
+    if lang == "triton":
+        launch = [f for f in files if f.endswith(cuda_runtime.LAUNCH)]
+        return launch[0] if len(launch) == 1 else None
+    return None
 
 
 def rewrite_wrapper(source: str) -> str | None:
@@ -213,7 +225,8 @@ def load_fast(source: str, kernels: dict[str, bytes], *, extern: dict[str, str] 
     Args:
         source: Inductor's output code, or :func:`rewrite_wrapper`'s output of it if ``rewritten`` (what an
             artifact stores, so a load does not parse the wrapper: about 0.1 s for a small Llama's).
-        kernels: ``{sha256 of a kernel's source: its .so bytes}`` (C++ kernels, Triton ``.launch.so``).
+        kernels: ``{sha256 of a kernel's source: its binary}`` (a C++ kernel's ``.so``, a Triton kernel's
+            ``.launch`` blob).
         extern: ``{extern kernel name: "module:qualname"}`` for ``extern_kernels.<name>`` calls.
         ops: custom operators the wrapper calls, ``[{"op": "ns::name", "module": defining module or None}]``.
         multi_kernel: ``{multi-kernel name: picked sub-kernel index}``.
