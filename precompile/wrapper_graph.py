@@ -1,0 +1,320 @@
+"""The wrapper as data: an FX graph of allow-listed targets, stored as JSON and rebuilt into a callable without
+importing, executing or loading anything the artifact names.
+
+Inductor's FX wrapper (``torch._inductor.config.fx_wrapper``, ``WrapperFxCodegen`` + ``FxConverter``; the seed
+``wrapper_fxir.py``) emits the host side of a compiled GPU graph as an FX graph: buffers allocated with
+``torch.empty_strided``, views with ``torch.as_strided``, library calls as ATen ``.out`` overloads, each Triton
+kernel as ``triton_kernel_wrapper_mutation(kernel_idx=..., constant_args_idx=..., grid=[(x, y, z)], kwargs={...})``
+with the kernel in a side table.  Stored as data, such a graph carries no host code: this module is its format.
+
+Format: :func:`precompile.graph_json.graph_to_json`'s (``{"schema", "nodes": [{"name", "op", "target", "args",
+"kwargs"}], "submodules": {}}``, nodes referenced by position), restricted by :func:`check`:
+
+- ops: ``placeholder``, ``call_function``, ``output`` (exactly one, last); no submodules, attributes or methods;
+- targets: an overload of the ``aten`` or ``prims`` namespace (``{"op": "aten::addmm.out"}``; looked up on
+  ``torch.ops``, nothing imported; :data:`DENIED_OPS` refused), a function of :data:`ALLOWED_FUNCTIONS`
+  (``{"fn": "torch:empty_strided"}``...), or ``{"hop": "triton_kernel_wrapper_mutation"}``, which the loader binds
+  to its own launcher of the artifact's cubins (:func:`build`'s ``launch``);
+- arguments: JSON values, references to earlier nodes, dtypes, devices, layouts, memory formats, sizes, slices,
+  tuples and dicts with string or int keys; nothing else;
+- bounds: at most :data:`MAX_NODES` nodes, nesting depth :data:`MAX_DEPTH`, :data:`MAX_ITEMS` items per list or
+  dict, strings of at most :data:`MAX_STRING` characters, node and placeholder names that are identifiers.
+
+What a graph like this still does: allocate memory, call ATen kernels, and launch the artifact's cubins with the
+arguments it names; a malicious cubin's effects on the GPU are not contained (docs/format.md, "Trust").
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.fx
+
+from precompile.graph_json import GRAPH_SCHEMA, graph_to_json
+
+#: Python functions a wrapper graph may call, by the name :func:`precompile.graph_json.graph_to_json` stores.
+ALLOWED_FUNCTIONS: dict[str, Callable[..., Any]] = {
+    "torch:empty_strided": torch.empty_strided,
+    "torch:as_strided": torch.as_strided,
+    "_operator:getitem": operator.getitem,
+    "_operator:add": operator.add,
+    "_operator:sub": operator.sub,
+    "_operator:mul": operator.mul,
+    "_operator:floordiv": operator.floordiv,
+    "_operator:mod": operator.mod,
+    "_operator:neg": operator.neg,
+    "_operator:eq": operator.eq,
+    "_operator:lt": operator.lt,
+    "_operator:le": operator.le,
+    "_operator:gt": operator.gt,
+    "_operator:ge": operator.ge,
+    "torch:sym_max": torch.sym_max,
+    "torch:sym_min": torch.sym_min,
+}
+#: Operator namespaces whose overloads a wrapper graph may call.
+ALLOWED_NAMESPACES = frozenset({"aten", "prims"})
+#: ATen operators refused although their namespace is allowed: they reach host files.
+DENIED_OPS = frozenset({"aten::from_file"})
+#: The higher-order operator a Triton kernel launch is; bound to the loader's launcher.
+TRITON_LAUNCH = "triton_kernel_wrapper_mutation"
+
+MAX_NODES = 100_000
+MAX_DEPTH = 8
+MAX_ITEMS = 4096
+MAX_STRING = 256
+_TYPED = {"$dtype": torch.dtype, "$layout": torch.layout, "$memory_format": torch.memory_format}
+
+
+class WrapperGraphError(ValueError):
+    """A stored wrapper graph is malformed, too large, or names a target or value outside the allow-list."""
+
+
+def to_data(gm: torch.fx.GraphModule) -> dict[str, Any]:
+    """``gm`` (Inductor's FX wrapper graph) as data, checked as a load would check it.
+
+    Raises:
+        WrapperGraphError: ``gm`` uses something the format does not allow (the message names the node); then the
+            artifact keeps the Python wrapper and says why.
+        UnserializableGraphError: an argument cannot be stored at all.
+    """
+    data = graph_to_json(gm)
+    check(data)
+    return data
+
+
+def check(data: Any) -> None:
+    """Check a stored wrapper graph against the format (module docstring) without building anything.
+
+    Raises:
+        WrapperGraphError: naming the first node or value that is not allowed, and why.
+    """
+    if not isinstance(data, dict) or data.get("schema") != GRAPH_SCHEMA:
+        raise WrapperGraphError(f"not a wrapper graph of schema {GRAPH_SCHEMA}")
+    if data.get("submodules"):
+        raise WrapperGraphError("a wrapper graph has no submodules")
+    nodes = data.get("nodes")
+    if not isinstance(nodes, list) or not nodes:
+        raise WrapperGraphError("a wrapper graph needs a list of nodes")
+    if len(nodes) > MAX_NODES:
+        raise WrapperGraphError(f"{len(nodes)} nodes, more than {MAX_NODES}")
+    for i, node in enumerate(nodes):
+        where = f"node {i}"
+        if not isinstance(node, dict) or set(node) != {"name", "op", "target", "args", "kwargs"}:
+            raise WrapperGraphError(f"{where} is not a node (name, op, target, args, kwargs)")
+        name, op = node["name"], node["op"]
+        if not _identifier(name):
+            raise WrapperGraphError(f"{where}'s name {str(name)[:40]!r} is not an identifier")
+        where = f"node {i} ({name})"
+        if op == "placeholder":
+            if not _identifier(node["target"]) or node["args"] or node["kwargs"]:
+                raise WrapperGraphError(f"{where}: a placeholder takes an identifier and no arguments")
+        elif op == "call_function":
+            _target(node["target"], where)
+        elif op == "output":
+            if i != len(nodes) - 1:
+                raise WrapperGraphError(f"{where}: the output node must be the last")
+        else:
+            raise WrapperGraphError(f"{where}: op {str(op)[:40]!r} is not allowed (placeholder, call_function, "
+                                    "output)")
+        if not isinstance(node["args"], list) or not isinstance(node["kwargs"], dict):
+            raise WrapperGraphError(f"{where}: args must be a list and kwargs an object")
+        for value in [*node["args"], *node["kwargs"].values()]:
+            _value(value, i, where, 0)
+        if any(not _identifier(k) for k in node["kwargs"]):
+            raise WrapperGraphError(f"{where}: keyword names must be identifiers")
+    if nodes[-1]["op"] != "output":
+        raise WrapperGraphError("the last node must be the output")
+
+
+def build(data: Any, launch: Callable[..., Any] | None = None) -> Callable[..., Any]:
+    """The callable of a stored wrapper graph: ``fn(*placeholders) -> the graph's output``.
+
+    The function is generated here, from the checked data, as FX's own code generation would write it: one
+    line per node calling its allowed target (bound by position, never by a stored name), constants bound as
+    values, and each intermediate released after its last use, so buffers are freed as early as in Inductor's
+    Python wrapper.  Nothing of the stored text is executed.
+
+    Args:
+        launch: what a ``triton_kernel_wrapper_mutation`` node calls, with that node's keyword arguments
+            (``kernel_idx``, ``constant_args_idx``, ``grid``, ``tma_descriptor_metadata``, ``kwargs``).
+
+    Raises:
+        WrapperGraphError: :func:`check` refused the data, or it launches Triton kernels and ``launch`` is None.
+    """
+    check(data)
+    nodes = data["nodes"]
+    scope: dict[str, Any] = {"__builtins__": {}}
+    last_use: dict[int, int] = {}
+    for i, spec in enumerate(nodes):
+        for j in _refs([*spec["args"], *spec["kwargs"].values()]):
+            last_use[j] = i
+    params, body = [], []
+    for i, spec in enumerate(nodes):
+        if spec["op"] == "placeholder":
+            params.append(f"v{i}")
+            continue
+        args = [_render(v, scope) for v in spec["args"]]
+        if spec["op"] == "output":
+            body.append(f"    return {args[0] if args else 'None'}")
+            break
+        target = _target(spec["target"], f"node {i}")
+        if target is None:
+            if launch is None:
+                raise WrapperGraphError(f"node {i} ({spec['name']}) launches a Triton kernel and no launcher was given")
+            target = launch
+        scope[f"t{i}"] = target
+        kwargs = [f"{k}={_render(v, scope)}" for k, v in spec["kwargs"].items()]
+        body.append(f"    v{i} = t{i}({', '.join([*args, *kwargs])})")
+        dead = [j for j, last in last_use.items() if last == i and nodes[j]["op"] != "placeholder"]
+        dead += [i] if i not in last_use else []
+        if dead:
+            body.append("    " + " = ".join(f"v{j}" for j in dead) + " = None")
+    code = "\n".join([f"def wrapper({', '.join(params)}):", *body])
+    exec(compile(code, "<precompile wrapper graph>", "exec"), scope)  # noqa: S102 - generated here from checked data
+    return scope["wrapper"]
+
+
+def _refs(values: list[Any]) -> list[int]:
+    """Indices of the nodes a checked argument list references."""
+    out: list[int] = []
+    stack = list(values)
+    while stack:
+        v = stack.pop()
+        if isinstance(v, list):
+            stack.extend(v)
+        elif isinstance(v, dict):
+            (tag, payload), = v.items()
+            if tag == "$node":
+                out.append(payload)
+            elif tag == "$dict":
+                stack.extend(pv for _, pv in payload)
+            elif isinstance(payload, list):
+                stack.extend(payload)
+    return out
+
+
+def _render(value: Any, scope: dict[str, Any]) -> str:
+    """Python source for one checked argument: node references as ``v<i>``, plain values by ``repr``, tagged
+    values (dtypes, devices, non-finite floats...) bound in ``scope`` as ``c<n>``."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return repr(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_render(v, scope) for v in value) + "]"
+    (tag, payload), = value.items()
+    if tag == "$node":
+        return f"v{payload}"
+    if tag == "$tuple":
+        return "(" + "".join(_render(v, scope) + ", " for v in payload) + ")"
+    if tag == "$dict":
+        return "{" + ", ".join(f"{_render(k, scope)}: {_render(v, scope)}" for k, v in payload) + "}"
+    if tag in ("$size", "$slice"):
+        name = f"c{len(scope)}"
+        scope[name] = torch.Size if tag == "$size" else slice
+        inner = ", ".join(_render(v, scope) for v in payload)
+        return f"{name}([{inner}])" if tag == "$size" else f"{name}({inner})"
+    name = f"c{len(scope)}"
+    scope[name] = _decode(value, [])
+    return name
+
+
+def _identifier(value: Any) -> bool:
+    return isinstance(value, str) and len(value) <= MAX_STRING and value.isidentifier()
+
+
+def _target(target: Any, where: str) -> Any:
+    """The allowed callable ``target`` names (None for a Triton launch), or :class:`WrapperGraphError`."""
+    if isinstance(target, dict) and len(target) == 1:
+        (kind, name), = target.items()
+        if kind == "fn" and name in ALLOWED_FUNCTIONS:
+            return ALLOWED_FUNCTIONS[name]
+        if kind == "hop" and name == TRITON_LAUNCH:
+            return None
+        if kind == "op" and isinstance(name, str) and len(name) <= MAX_STRING:
+            qual, _, overload = name.rpartition(".")
+            ns, _, op = qual.partition("::")
+            if ns in ALLOWED_NAMESPACES and qual not in DENIED_OPS and op.isidentifier() and overload.isidentifier():
+                found = getattr(getattr(getattr(torch.ops, ns), op, None), overload, None)
+                if isinstance(found, torch._ops.OpOverload):
+                    return found
+                raise WrapperGraphError(f"{where}: operator {name!r} does not exist in this torch")
+    raise WrapperGraphError(f"{where}: target {str(target)[:80]} is not in the wrapper allow-list")
+
+
+def _value(value: Any, index: int, where: str, depth: int) -> None:
+    """Check one stored argument (see the module docstring)."""
+    if depth > MAX_DEPTH:
+        raise WrapperGraphError(f"{where}: arguments nested deeper than {MAX_DEPTH}")
+    if value is None or isinstance(value, (bool, int)):
+        return
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise WrapperGraphError(f"{where}: a non-finite float must be stored tagged")
+        return
+    if isinstance(value, str):
+        if len(value) > MAX_STRING:
+            raise WrapperGraphError(f"{where}: a string of {len(value)} characters, more than {MAX_STRING}")
+        return
+    if isinstance(value, list):
+        if len(value) > MAX_ITEMS:
+            raise WrapperGraphError(f"{where}: a list of {len(value)} items, more than {MAX_ITEMS}")
+        for v in value:
+            _value(v, index, where, depth + 1)
+        return
+    if not isinstance(value, dict) or len(value) != 1:
+        raise WrapperGraphError(f"{where}: an argument of type {type(value).__name__} is not allowed")
+    (tag, payload), = value.items()
+    if tag == "$node":
+        if not isinstance(payload, int) or isinstance(payload, bool) or not 0 <= payload < index:
+            raise WrapperGraphError(f"{where}: a reference to node {str(payload)[:20]} (only earlier nodes)")
+    elif tag == "$float":
+        if payload not in ("inf", "-inf", "nan"):
+            raise WrapperGraphError(f"{where}: tagged float {str(payload)[:20]!r}")
+    elif tag in _TYPED:
+        if not (isinstance(payload, str) and payload.isidentifier() and isinstance(getattr(torch, payload, None),
+                                                                                      _TYPED[tag])):
+            raise WrapperGraphError(f"{where}: {tag[1:]} {str(payload)[:40]!r} is not one of torch's")
+    elif tag == "$device":
+        try:
+            torch.device(payload if isinstance(payload, str) and len(payload) <= 32 else "?")
+        except (RuntimeError, TypeError) as err:
+            raise WrapperGraphError(f"{where}: device {str(payload)[:40]!r}: {err}") from None
+    elif tag in ("$size", "$tuple", "$slice"):
+        if not isinstance(payload, list) or (tag == "$slice" and len(payload) != 3):
+            raise WrapperGraphError(f"{where}: a malformed {tag[1:]}")
+        _value(payload, index, where, depth + 1)
+    elif tag == "$dict":
+        if not isinstance(payload, list) or len(payload) > MAX_ITEMS or not all(
+                isinstance(kv, list) and len(kv) == 2 and isinstance(kv[0], (str, int)) for kv in payload):
+            raise WrapperGraphError(f"{where}: a malformed dict (pairs with string or int keys)")
+        for _, v in payload:
+            _value(v, index, where, depth + 1)
+    else:
+        raise WrapperGraphError(f"{where}: tag {str(tag)[:20]!r} is not allowed")
+
+
+def _decode(value: Any, nodes: list[torch.fx.Node]) -> Any:
+    """One checked argument as a value (:func:`check` ran first)."""
+    if isinstance(value, list):
+        return [_decode(v, nodes) for v in value]
+    if not isinstance(value, dict):
+        return value
+    (tag, payload), = value.items()
+    if tag == "$node":
+        return nodes[payload]
+    if tag == "$float":
+        return float(payload)
+    if tag in _TYPED:
+        return getattr(torch, payload)
+    if tag == "$device":
+        return torch.device(payload)
+    if tag == "$size":
+        return torch.Size(_decode(payload, nodes))
+    if tag == "$slice":
+        return slice(*_decode(payload, nodes))
+    if tag == "$tuple":
+        return tuple(_decode(v, nodes) for v in payload)
+    return {_decode(k, nodes): _decode(v, nodes) for k, v in payload}
