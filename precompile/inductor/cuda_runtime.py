@@ -103,7 +103,39 @@ class TritonKernel:
         finally:
             os.close(fd)
         self.name = record["name"]
-        self.run = launcher_function(record, launcher._launch_kernel, shim.launcher_function_handle(self.handles))
+        self.record = record
+        self.function = shim.launcher_function_handle(self.handles)
+        self.run = launcher_function(record, launcher._launch_kernel, self.function)
+
+
+class GraphLaunch:
+    """What a stored wrapper graph's ``triton_kernel_wrapper_mutation`` nodes call (:mod:`precompile.wrapper_graph`):
+    the kernel of ``kernel_idx`` (a :class:`TritonKernel` from its ``.launch`` blob) launched on the node's grid with
+    the arguments it names, on the current stream, through torch's static launcher.
+
+    Raises (per call):
+        KeyError: a kernel index or an argument the record names is missing.
+        ValueError: the node carries side-table constants or TMA descriptors (not stored), or a grid that is not
+            one ``(x, y, z)``.
+    """
+
+    def __init__(self, kernels: dict[int, TritonKernel]):
+        self._launch = shim.static_cuda_launcher()._launch_kernel
+        self._kernels = {i: (k.function, int(k.record["num_warps"]), int(k.record["shared"]), k.record["arg_tys"],
+                             tuple(k.record["passed"]), int(k.record["scratch"]), int(k.record["device"]))
+                         for i, k in kernels.items()}
+
+    def __call__(self, *, kernel_idx: int, constant_args_idx: int, grid: list[Any],
+                 tma_descriptor_metadata: dict[str, Any], kwargs: dict[str, Any]) -> None:
+        function, warps, shared, tys, passed, scratch, device = self._kernels[kernel_idx]
+        if tma_descriptor_metadata:
+            raise ValueError("a kernel launch with TMA descriptors is not supported")
+        if len(grid) != 1 or len(grid[0]) != 3:
+            raise ValueError(f"kernel {kernel_idx}: grid {grid!r} is not one (x, y, z)")
+        x, y, z = grid[0]
+        args = tuple(kwargs[a] for a in passed) + (None,) * scratch
+        self._launch(function, int(x), int(y), int(z), warps, shared, tys, args,
+                     torch._C._cuda_getCurrentRawStream(device))
 
 
 def launcher_function(record: dict[str, Any], launch: Any, function: Any) -> Any:

@@ -28,7 +28,7 @@ class NotExpressible(Exception):
 
 
 def wrapper_graph(gm: torch.fx.GraphModule, example_inputs: list[Any],
-                  options: dict[str, Any] | None = None) -> tuple[torch.fx.GraphModule, Any]:
+                  options: dict[str, Any] | None = None) -> tuple[torch.fx.GraphModule, Any, dict[int, Any]]:
     """Compile ``gm`` with Inductor's FX wrapper.
 
     Args:
@@ -37,8 +37,9 @@ def wrapper_graph(gm: torch.fx.GraphModule, example_inputs: list[Any],
         options: Inductor config patches, besides ``fx_wrapper``.
 
     Returns:
-        ``(wrapper graph, compiled callable)``: the ``GraphModule`` the converter produced and what Inductor
-        returned for ``gm`` (the same graph, run by FX).
+        ``(wrapper graph, compiled callable, kernels)``: the ``GraphModule`` the converter produced, what Inductor
+        returned for ``gm`` (the same graph, run by FX), and ``{kernel_idx: CachingAutotuner}`` of the Triton
+        kernels its launch nodes name (:func:`launch_records` turns them into cubins and launch records).
 
     Raises:
         NotExpressible: the converter refused or failed on the graph, or produced none.
@@ -48,14 +49,21 @@ def wrapper_graph(gm: torch.fx.GraphModule, example_inputs: list[Any],
     from torch._inductor.compile_fx import compile_fx
 
     captured: list[torch.fx.GraphModule] = []
+    converters: list[Any] = []
     original = wrapper_fxir.WrapperFxCodegen.compile_graph
+    generate = wrapper_fxir.FxConverter.generate
 
     def capture(self: Any, graph: torch.fx.GraphModule) -> Any:
         captured.append(graph)
         return original(self, graph)
 
+    def capture_converter(self: Any) -> Any:
+        converters.append(self)
+        return generate(self)
+
     with _LOCK:
         wrapper_fxir.WrapperFxCodegen.compile_graph = capture
+        wrapper_fxir.FxConverter.generate = capture_converter
         try:
             with config.patch({**(options or {}), "fx_wrapper": True}), torch.no_grad():
                 compiled = compile_fx(gm, example_inputs)
@@ -64,6 +72,50 @@ def wrapper_graph(gm: torch.fx.GraphModule, example_inputs: list[Any],
             raise NotExpressible(f"{type(cause).__name__}: {' '.join(str(cause).split())[:300]}") from err
         finally:
             wrapper_fxir.WrapperFxCodegen.compile_graph = original
-    if len(captured) != 1:
+            wrapper_fxir.FxConverter.generate = generate
+    if len(captured) != 1 or len(converters) != 1:
         raise NotExpressible(f"Inductor's FX wrapper produced {len(captured)} wrapper graphs, not one")
-    return captured[0], compiled
+    kernels = {k.wrapped.kernel_idx: k.tuner for k in converters[0].kernels.values()}
+    return captured[0], compiled, kernels
+
+
+def launch_records(kernels: dict[int, Any]) -> dict[int, tuple[dict[str, Any], bytes]]:
+    """``{kernel_idx: (launch record, cubin)}`` for the Triton kernels of a wrapper graph.
+
+    The FX converter launches each kernel with its first compiled config (``compile_results[0]``; it tunes
+    nothing unless ``triton.autotune_at_compile_time``) and passes every argument by name, grid included, so a
+    record names the arguments in signature order (``params``), those that reach the cubin (``passed``), their
+    type codes and the launch constants; its ``grid`` is empty (each launch node carries its grid).
+
+    Raises:
+        NotExpressible: a kernel has no compiled config, or the static launcher cannot launch it.
+    """
+    from precompile.inductor.cuda_pack import NotFast, _static_from_compiled
+    from precompile.inductor.cuda_runtime import LAUNCH_FORMAT
+
+    out = {}
+    for idx, tuner in kernels.items():
+        results = list(getattr(tuner, "compile_results", None) or [])
+        binary = getattr(results[0], "kernel", None) if results else None
+        if binary is None:
+            raise NotExpressible(f"Triton kernel {idx} has no compiled config")
+        try:
+            static, cubin = _static_from_compiled(binary)
+        except NotFast as err:
+            raise NotExpressible(f"Triton kernel {static_name(binary)}: {err}") from err
+        constexprs = {int(i) for i in static.full_constexprs}
+        names = list(static.arg_names)
+        scratch = int(bool(getattr(static, "has_global_scratch", False))) + int(
+            bool(getattr(static, "has_profile_scratch", False)))
+        device = (getattr(tuner, "triton_meta", None) or {}).get("device", 0)
+        out[int(idx)] = ({
+            "format": LAUNCH_FORMAT, "name": static.name, "device": int(getattr(device, "index", device) or 0),
+            "params": names, "passed": [a for i, a in enumerate(names) if i not in constexprs],
+            "arg_tys": static.arg_tys + "O" * scratch, "scratch": scratch, "grid": [],
+            "num_warps": int(static.num_warps), "shared": int(static.shared)}, cubin)
+    return out
+
+
+def static_name(binary: Any) -> str:
+    """A compiled Triton kernel's name, for messages."""
+    return str(getattr(getattr(binary, "metadata", None), "name", "?"))
