@@ -211,6 +211,7 @@ def build(norm: NormalizedGraph, plan: Plan) -> Artifact:
     else:
         log.info("artifact %s loads through the portable path only: %s", plan.key[:12], fast_off)
     parts["fast"] = fast
+    parts["wrapper_graph"], host_code = _wrapper_graph(norm, plan, result, shapes, put)
     manifest = Manifest(
         key=plan.key, factors=plan.factors, placeholders=plan.specs, parts=parts, kernels=kernels,
         autotune={"kernels": {k["name"]: k["config"] for k in kernels if k["config"]}, "other": result.autotune,
@@ -220,11 +221,34 @@ def build(norm: NormalizedGraph, plan: Plan) -> Artifact:
         build={"seconds": round(result.compile_seconds, 3), "created": datetime.now(timezone.utc).isoformat(),
                "precompile": __version__, "mutated_inputs": result.mutated_inputs,
                "inductor_files": len(result.cache_files), "fast_off": fast_off,
-               "validated": bool(fast) and plan.runnable, "rewrites": plan.rewrites},
+               "validated": bool(fast) and plan.runnable, "rewrites": plan.rewrites, "host_code": host_code},
         calling={"in_spec": norm.in_spec, "out_spec": norm.out_spec, "outputs": _output_kind(norm.gm)},
         shapes=shapes,
     )
     return Artifact(manifest, blobs, engine=result.compiled_fn, bound=norm.bound, source="compiled")
+
+
+def _wrapper_graph(norm: NormalizedGraph, plan: Plan, result: Any, shapes: dict[str, Any],
+                   put: Any) -> tuple[dict[str, Any] | None, str | None]:
+    """``(parts.wrapper_graph, build.host_code)``: a CUDA graph's wrapper as data with its kernels' launch blobs,
+    validated (:func:`precompile.inductor.fx_wrapper.build_wrapper_graph`), and None; or None and why the
+    artifact needs host code (the Python wrapper) to run."""
+    if not any(str(d).startswith("cuda") for d in plan.devices):
+        return None, "a CPU graph: its kernels are C++ shared objects"
+    if shapes.get("symbols"):
+        return None, "symbolic sizes: Inductor's FX wrapper does not express them (torch 2.11)"
+    if not plan.runnable:
+        return None, "its inputs cannot be run at build, so a wrapper graph could not be validated"
+    from precompile.inductor.fx_wrapper import build_wrapper_graph
+
+    got = build_wrapper_graph(norm.gm, plan.compile_inputs, plan.run_inputs, plan.options, result.compiled_fn,
+                              inputs_to_check=result.inputs_to_check, mutated=result.mutated_inputs)
+    if isinstance(got, str):
+        log.info("artifact %s keeps its Python wrapper: %s", plan.key[:12], got)
+        return None, got
+    data, blobs = got
+    return {"graph": put(data, "wrapper graph (data)"),
+            "kernels": {str(i): put(b, f"wrapper graph kernel {i} (.launch)") for i, b in sorted(blobs.items())}}, None
 
 
 def _output_aliases(gm: torch.fx.GraphModule) -> tuple[int, bool]:

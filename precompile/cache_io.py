@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from cache_backends.base import MISS, Cache
-from precompile import metrics
+from precompile import config, metrics
 from precompile.engine import start_primer
 from precompile.errors import ArtifactFormatError, ArtifactNotFoundError, CacheError, UnsafePathError
 from precompile.manifest import Manifest, load_json
@@ -59,6 +59,12 @@ def load_from_cache(key: str, cache: str | Cache | None, *, bound: dict[int, tor
         manifest = Manifest.from_dict(doc)
         if manifest.key != key:
             _drop_ref(c, key, f"its manifest names another key {manifest.key[:12]}")
+            return None
+        if config.require_no_host_code() and not manifest.parts.get("wrapper_graph"):
+            log.info("cache entry %s carries host code (%s) and PRECOMPILE_REQUIRE_NO_HOST_CODE is set: a miss",
+                     key[:12], manifest.build.get("host_code") or "a Python wrapper")
+            safe_incr(c, host_code_refused=1)
+            metrics.note_miss("host_code")
             return None
         primer = start_primer(manifest)  # the replay, where asked for, runs while the blobs are read and checked
         needed = manifest.load_digests()

@@ -116,6 +116,23 @@ def engine_mode() -> str:
     return mode
 
 
+def require_no_host_code() -> bool:
+    """``PRECOMPILE_REQUIRE_NO_HOST_CODE``: True for ``1``/``true``/``yes``/``on``, False when unset, empty or
+    ``0``/``false``/``no``/``off``.  When True a worker loads only artifacts whose wrapper is stored as data
+    (``parts.wrapper_graph``; docs/format.md, "Trust"): from a cache anything else is a miss counted under
+    ``host_code_refused``; from a file or directory it is an ``UntrustedArtifactError(reason="host_code")``.
+
+    Raises:
+        ConfigError: the variable holds another value.
+    """
+    value = (os.environ.get("PRECOMPILE_REQUIRE_NO_HOST_CODE") or "").strip().lower()
+    if value in ("", "0", "false", "no", "off"):
+        return False
+    if value in ("1", "true", "yes", "on"):
+        return True
+    raise ConfigError(f"PRECOMPILE_REQUIRE_NO_HOST_CODE must be 1 or 0 (true/false, yes/no, on/off), got {value!r}")
+
+
 def vllm_platform_enabled() -> bool:
     """``PRECOMPILE_VLLM_PLATFORM``: False for ``0``/``false``/``no``/``off`` (precompile's vLLM platform plugin then
     stays inactive), True for ``1``/``true``/``yes``/``on`` or when unset or empty.

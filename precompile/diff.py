@@ -65,6 +65,8 @@ class Comparison:
         config_changes: Inductor config entries that differ when the ``inductor_config`` digest does.
         pick_changes: tuned ops (GEMM, convolution) whose chosen candidate differs (:func:`pick_changes`);
             picks are outcomes of a build, not key factors.
+        wrapper_diff: unified diff of the two wrapper graphs, node by node (:func:`precompile.wrapper_graph.describe`),
+            when both are stored as data and differ ("" otherwise).
     """
 
     a: str
@@ -73,6 +75,7 @@ class Comparison:
     graph_diff: str = ""
     config_changes: list[Change] = field(default_factory=list)
     pick_changes: list[Change] = field(default_factory=list)
+    wrapper_diff: str = ""
 
     @property
     def factors(self) -> list[str]:
@@ -83,7 +86,7 @@ class Comparison:
         return {"a": self.a, "b": self.b, "same": not self.changes, "factors": self.factors,
                 "changes": [c.to_dict() for c in self.changes], "graph_diff": self.graph_diff,
                 "inductor_config_changes": [c.to_dict() for c in self.config_changes],
-                "pick_changes": [c.to_dict() for c in self.pick_changes]}
+                "pick_changes": [c.to_dict() for c in self.pick_changes], "wrapper_diff": self.wrapper_diff}
 
 
 def _short(value: Any, limit: int = 80) -> str:
@@ -182,7 +185,30 @@ def compare(a: Source, b: Source, *, context: int = 2) -> Comparison:
                     out.config_changes.append(Change("inductor_config", f"inductor_config.{name}", "Inductor config",
                                                      cfg[0].get(name), cfg[1].get(name)))
     out.pick_changes = pick_changes(a.manifest, b.manifest)
+    out.wrapper_diff = _wrapper_diff(a, b, context)
     return out
+
+
+def _wrapper_diff(a: Source, b: Source, context: int) -> str:
+    """Unified diff of two stored wrapper graphs' readable forms; "" when either has none, they are the same part,
+    or one is refused by its checks (then ``inspect --wrapper`` says why)."""
+    from precompile import wrapper_graph
+
+    texts = []
+    for s in (a, b):
+        d = _part(s.manifest, "wrapper_graph", "graph")
+        raw = s.part_text(d) if d else None
+        if raw is None:
+            return ""
+        try:
+            texts.append(wrapper_graph.describe(json.loads(raw)))
+        except ValueError:
+            return ""
+    if texts[0] == texts[1]:
+        return ""
+    return "".join(difflib.unified_diff(texts[0].splitlines(keepends=True), texts[1].splitlines(keepends=True),
+                                        fromfile=f"wrapper of {a.key[:12]}", tofile=f"wrapper of {b.key[:12]}",
+                                        n=context))
 
 
 def _tuned(manifest: dict[str, Any]) -> dict[str, dict[str, Any]]:

@@ -23,16 +23,19 @@ log = logging.getLogger("precompile")
 
 
 def build_engine(art: Artifact) -> Callable[..., Any]:
-    """The callable for ``art`` (flat inputs in, outputs out); sets ``art.engine_kind`` to ``"fast"`` or
-    ``"portable"`` and counts the load in ``art.cache``.
+    """The callable for ``art`` (flat inputs in, outputs out); sets ``art.engine_kind`` to ``"fast"``,
+    ``"portable"`` or, with ``PRECOMPILE_REQUIRE_NO_HOST_CODE``, ``"graph"``, and counts the load in ``art.cache``.
 
     Raises:
         ConfigError: ``PRECOMPILE_ENGINE`` or ``PRECOMPILE_PRIME`` holds a value precompile does not accept.
         ArtifactNotFoundError: a part the load needs cannot be read.
         ValueError / ImportError / OSError: the portable path failed too (the artifact cannot run here).
+        UntrustedArtifactError: ``PRECOMPILE_REQUIRE_NO_HOST_CODE`` is set and the artifact has no wrapper graph.
     """
     from precompile.cache_io import safe_incr
 
+    if config.require_no_host_code():
+        return _no_host_code(art)
     fast = art.manifest.parts.get("fast")
     if fast and config.engine_mode() == "auto":
         config.prime_mode()  # a bad setting is the user's error, never a silent fallback
@@ -61,6 +64,34 @@ def build_engine(art: Artifact) -> Callable[..., Any]:
     art.engine_kind = "portable"
     if art.cache is not None:
         safe_incr(art.cache, loads_portable=1)
+    return engine
+
+
+def _no_host_code(art: Artifact) -> Callable[..., Any]:
+    """The engine of ``PRECOMPILE_REQUIRE_NO_HOST_CODE``: the wrapper graph with its kernels' launch blobs, no
+    fallback (every other engine runs host code the artifact carries).
+
+    Raises:
+        UntrustedArtifactError: ``reason="host_code"``: the artifact has no wrapper graph (``build.host_code`` says
+            why).
+        WrapperGraphError / ValueError: the stored graph or a launch blob is refused.
+    """
+    from precompile.cache_io import safe_incr
+    from precompile.errors import UntrustedArtifactError
+    from precompile.inductor.graph_engine import load_graph
+
+    part = art.manifest.parts.get("wrapper_graph")
+    if not part:
+        raise UntrustedArtifactError(
+            f"artifact {art.key[:12]} carries host code ({art.manifest.build.get('host_code') or 'a Python wrapper'})"
+            " and PRECOMPILE_REQUIRE_NO_HOST_CODE is set; unset it to load this artifact, or build it for a GPU "
+            "where Inductor's FX wrapper expresses the graph", reason="host_code")
+    engine = load_graph(art.blob(part["graph"]), {int(i): art.blob(d) for i, d in part["kernels"].items()},
+                        inputs_to_check=sorted(art._aligned_assumed),
+                        mutated=art.manifest.build.get("mutated_inputs") or [])
+    art.engine_kind = "graph"
+    if art.cache is not None:
+        safe_incr(art.cache, loads_graph=1)
     return engine
 
 

@@ -70,9 +70,11 @@ class UntrustedArtifactError(ArtifactError, PermissionError):
     """Verify keys are configured and an artifact file or directory is not signed by one of them.
 
     ``reason`` is one of ``"unsigned"``, ``"unknown_key"`` (signed by a key not configured here),
-    ``"bad_signature"`` (the signature does not match the manifest: it was changed after signing) or
-    ``"malformed"`` (the signature record does not parse); ``key_id`` is the signer's key id, if any.  Nothing
-    of the artifact ran.  From a cache the same cases are a miss counted under ``untrusted_<reason>``.
+    ``"bad_signature"`` (the signature does not match the manifest: it was changed after signing),
+    ``"malformed"`` (the signature record does not parse) or ``"host_code"`` (``PRECOMPILE_REQUIRE_NO_HOST_CODE``
+    is set and the artifact carries host code: a Python wrapper, C++ kernels); ``key_id`` is the signer's key id,
+    if any.  Nothing of the artifact ran.  From a cache the same cases are a miss counted under
+    ``untrusted_<reason>`` (``host_code_refused`` for the last).
     """
 
     def __init__(self, message: str, reason: str = "", key_id: str | None = None):

@@ -179,6 +179,15 @@ def check_manifest(doc: dict[str, Any]) -> None:
     fast = parts.get("fast")
     if fast is not None:
         _check_fast(_typed(fast, dict, "parts.fast"), wrappers, named)
+    wgraph = parts.get("wrapper_graph")
+    if wgraph is not None:
+        _typed(wgraph, dict, "parts.wrapper_graph")
+        named(wgraph.get("graph"), "parts.wrapper_graph.graph")
+        for idx, d in _typed(wgraph.get("kernels", {}), dict, "parts.wrapper_graph.kernels").items():
+            if not (isinstance(idx, str) and idx.isdigit() and len(idx) <= 9):
+                raise ArtifactFormatError(f"manifest field parts.wrapper_graph.kernels has key {str(idx)[:20]!r}, "
+                                          "not a kernel index")
+            named(d, f"parts.wrapper_graph.kernels[{idx}]")
     for i, k in enumerate(doc["kernels"]):
         where = f"kernels[{i}]"
         _typed(k, dict, where)

@@ -37,6 +37,7 @@ def ls_cmd(cache_url: str | None, as_json: bool) -> None:
             "options": m["factors"].get("options", {}),
             "engine": "fast" if m["parts"].get("fast") else "portable",
             "fast_off": m["build"].get("fast_off"), "kind": "graph",
+            "no_host_code": bool(m["parts"].get("wrapper_graph")), "host_code": m["build"].get("host_code"),
         })
     if as_json:
         click.echo(json.dumps(items))
@@ -81,7 +82,9 @@ def _function_item(key: str, m: dict) -> dict:
 @click.argument("target")
 @cache_option
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON.")
-def inspect(target: str, cache_url: str | None, as_json: bool) -> None:
+@click.option("--wrapper", "show_wrapper", is_flag=True,
+              help="Print the wrapper stored as data (a GPU artifact with no host code): its code and kernel table.")
+def inspect(target: str, cache_url: str | None, as_json: bool, show_wrapper: bool) -> None:
     """Show an artifact (by path, key or key prefix): parts, kernels, autotune picks, alignment, env, key factors."""
     from precompile.lookup import open_target
 
@@ -89,6 +92,11 @@ def inspect(target: str, cache_url: str | None, as_json: bool) -> None:
     m, where = source.manifest, source.where
     if as_json:
         click.echo(json.dumps(m, indent=1, sort_keys=True))
+        return
+    if show_wrapper:
+        from precompile.cli.wrapper_view import show_wrapper_graph
+
+        show_wrapper_graph(source, m)
         return
     if m.get("kind") == "function":
         from precompile.cli.function_view import show_function
@@ -112,6 +120,11 @@ def inspect(target: str, cache_url: str | None, as_json: bool) -> None:
                   + (f"; custom ops {[o['op'] for o in fast['ops']]}" if fast.get("ops") else ""))
     else:
         con.print(f"load: [yellow]portable path only[/] ({m['build'].get('fast_off') or 'no reason recorded'})")
+    if m["parts"].get("wrapper_graph"):
+        con.print(f"host code: [green]none[/] (wrapper stored as data, {len(m['parts']['wrapper_graph']['kernels'])} "
+                  "kernels as cubins; inspect --wrapper prints it)")
+    else:
+        con.print(f"host code: {m['build'].get('host_code') or 'a Python wrapper'}", markup=False)
     rewrites = m["build"].get("rewrites")
     if rewrites:  # exact rewrites made before the key (precompile.passes)
         con.print("graph rewrites before the key: " + ", ".join(f"{name} x{n}" for name, n in rewrites.items()))

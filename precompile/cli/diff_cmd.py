@@ -94,6 +94,9 @@ def diff(a: str, b: str | None, cache_url: str | None, count: int, as_json: bool
     if comparison.graph_diff:
         con.print("[bold]graph code diff[/]")
         click.echo(comparison.graph_diff)
+    if comparison.wrapper_diff:
+        con.print("[bold]wrapper graph diff (node by node)[/]")
+        click.echo(comparison.wrapper_diff)
 
 
 @main.command()

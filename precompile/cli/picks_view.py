@@ -75,3 +75,4 @@ def _is_ms(value: Any) -> bool:
 
 def _ms(value: Any) -> str:
     return f"{value:.4f}" if _is_ms(value) else "failed"
+

@@ -119,3 +119,54 @@ def launch_records(kernels: dict[int, Any]) -> dict[int, tuple[dict[str, Any], b
 def static_name(binary: Any) -> str:
     """A compiled Triton kernel's name, for messages."""
     return str(getattr(getattr(binary, "metadata", None), "name", "?"))
+
+
+def build_wrapper_graph(gm: torch.fx.GraphModule, compile_inputs: list[Any], run_inputs: list[Any],
+                        options: dict[str, Any] | None, reference: Any, *, inputs_to_check: list[int],
+                        mutated: list[int]) -> tuple[bytes, dict[int, bytes]] | str:
+    """A GPU graph's wrapper as data, validated: ``(wrapper graph JSON, {kernel_idx: .launch blob})``, or why
+    the artifact keeps the Python wrapper.
+
+    The graph is compiled again with Inductor's FX wrapper (in a private cache dir), stored as data, loaded
+    exactly as a worker would load it (:func:`precompile.inductor.graph_engine.load_graph`) and run on copies of
+    ``run_inputs``; its outputs and the inputs it writes to must equal ``reference``'s (the fresh compile whose
+    artifact this is) bit for bit.
+
+    Args:
+        compile_inputs: what Inductor compiles for; run_inputs: the same with concrete sizes.
+        reference: the fresh compile's callable (flat inputs in, outputs out).
+    """
+    import json
+
+    from precompile import wrapper_graph as wg
+    from precompile.inductor import graph_engine, runs
+    from precompile.inductor.compile import _build_cache_dir
+    from precompile.inductor.cuda_runtime import pack_launch
+    from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
+
+    try:
+        with _build_cache_dir():
+            graph, _, kernels = wrapper_graph(gm, compile_inputs, options)
+        launches = [n for n in graph.graph.nodes if n.op == "call_function" and "triton_kernel" in str(n.target)]
+        if any(kernel_side_table.get_constant_args(n.kwargs["constant_args_idx"]) for n in launches):
+            return "a Triton launch carries side-table constants, which the wrapper graph does not store"
+        data = json.dumps(wg.to_data(graph), sort_keys=True).encode()
+        blobs = {i: pack_launch(record, cubin) for i, (record, cubin) in launch_records(kernels).items()}
+        fn = graph_engine.load_graph(data, blobs, inputs_to_check=inputs_to_check, mutated=mutated)
+    except NotExpressible as err:
+        return f"Inductor's FX wrapper cannot express it: {err}"
+    except Exception as err:  # noqa: BLE001 - anything else only loses the no-host-code form
+        return f"the wrapper graph failed to build or load ({type(err).__name__}: {' '.join(str(err).split())[:200]})"
+    a, b = runs.inputs_for_run(run_inputs, set(mutated)), runs.inputs_for_run(run_inputs, set(mutated))
+    try:
+        with torch.no_grad():
+            got, want = fn(*a), reference(*b)
+        torch.cuda.synchronize()
+    except Exception as err:  # noqa: BLE001
+        return f"the wrapper graph failed on the example inputs ({type(err).__name__}: {str(err)[:200]})"
+    why = runs.same_values(list(got), list(want)) or runs.same_values(
+        [a[i] for i in mutated], [b[i] for i in mutated])
+    if why:
+        return f"the wrapper graph's results differ from the fresh compile's ({why}): its kernels' configs are not " \
+               "the ones the Python wrapper picked"
+    return data, blobs

@@ -25,6 +25,7 @@ import importlib
 import importlib.machinery
 import importlib.util
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -252,7 +253,15 @@ def load_fast(source: str, kernels: dict[str, bytes], *, extern: dict[str, str] 
     table = {name: resolve(ref) for name, ref in (extern or {}).items()}
     ns: dict[str, Any] = {"__name__": "precompile_wrapper", "__pc": FastRuntime(kernels, table, dict(multi_kernel or {}))}
     exec(compile(src, "<precompile wrapper>", "exec"), ns)  # noqa: S102 - Inductor's own generated code
-    call = ns["call"]
+    return wrap_call(ns["call"], inputs_to_check=inputs_to_check, mutated=mutated,
+                     defers_alignment=defers_alignment, primer=primer)
+
+
+def wrap_call(call: Callable[[list[Any]], Any], *, inputs_to_check: list[int] = (), mutated: list[int] = (),
+              defers_alignment: bool = False, primer: Any = None) -> Any:
+    """``fn(*flat_inputs)`` around a compiled ``call(list of inputs)``: without autograd, with each input
+    Inductor assumed 16-byte aligned copied to aligned memory when it is not (the graph's writes to such a copy
+    copied back), and, with a ``primer``, the first call waiting for it (see :func:`load_fast` for the args)."""
     written = set(mutated)
     check = [i for i in inputs_to_check if not defers_alignment or i in written]
     no_grad, grad_on = torch.no_grad, torch.is_grad_enabled

@@ -1,0 +1,71 @@
+"""The no-host-code engine: a GPU artifact's wrapper graph (data) run with its Triton kernels' cubins (data).
+
+A load builds the callable from the stored wrapper graph (:mod:`precompile.wrapper_graph`: checked against the
+allow-list, code generated here) and the kernels' ``.launch`` blobs (:mod:`precompile.inductor.cuda_runtime`:
+records checked, cubins to the CUDA driver).  Nothing the artifact carries is executed, imported or dlopen'd
+host-side.  Like the fast path it imports neither Inductor, Dynamo, Triton nor sympy.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from precompile import wrapper_graph
+from precompile.inductor import cuda_runtime, runtime
+
+#: Largest stored wrapper graph read, bytes.
+MAX_GRAPH_BYTES = 64 << 20
+
+
+def load_graph(graph: bytes, launches: dict[int, bytes], *, inputs_to_check: list[int] = (),
+               mutated: list[int] = ()) -> Callable[..., tuple[Any, ...]]:
+    """``fn(*flat_inputs) -> tuple of outputs`` from a verified wrapper graph and its kernels' launch blobs.
+
+    Args:
+        graph: the wrapper graph's JSON (:func:`precompile.wrapper_graph.to_data`), digest already checked.
+        launches: ``{kernel_idx: .launch blob}`` of the kernels its launch nodes name.
+        inputs_to_check, mutated: as :func:`precompile.inductor.runtime.load_fast` (alignment copies).
+
+    Raises:
+        WrapperGraphError: the graph is larger than :data:`MAX_GRAPH_BYTES`, not JSON, or outside the format.
+        ValueError: a launch blob is malformed (:func:`~precompile.inductor.cuda_runtime.read_launch`), or a
+            launch node names a kernel without one.
+    """
+    if len(graph) > MAX_GRAPH_BYTES:
+        raise wrapper_graph.WrapperGraphError(f"a wrapper graph of {len(graph)} bytes, more than {MAX_GRAPH_BYTES}")
+    try:
+        data = json.loads(graph)
+    except ValueError as err:
+        raise wrapper_graph.WrapperGraphError(f"the wrapper graph is not JSON: {err}") from err
+    wrapper_graph.check(data)
+    named = {kw.get("kernel_idx") for n in data["nodes"] for kw in [_launch_kwargs(n)] if kw is not None}
+    missing = named - set(launches)
+    if missing:
+        raise ValueError(f"the wrapper graph launches kernels {sorted(missing)} that carry no launch blob")
+    kernels = {i: cuda_runtime.TritonKernel(*cuda_runtime.read_launch(blob, f"kernel {i}"))
+               for i, blob in launches.items()}
+    fn = wrapper_graph.build(data, cuda_runtime.GraphLaunch(kernels))
+    single = _single_output(data)
+
+    def call(flat: list[Any]) -> tuple[Any, ...]:
+        out = fn(*flat)
+        return (out,) if single else tuple(out)
+
+    return runtime.wrap_call(call, inputs_to_check=list(inputs_to_check), mutated=list(mutated))
+
+
+def _launch_kwargs(node: dict[str, Any]) -> dict[str, Any] | None:
+    """A launch node's ``kernel_idx`` (as ``{"kernel_idx": i}``), or None for any other node."""
+    if node["op"] != "call_function" or node["target"] != {"hop": wrapper_graph.TRITON_LAUNCH}:
+        return None
+    return {"kernel_idx": node["kwargs"].get("kernel_idx")}
+
+
+def _single_output(data: dict[str, Any]) -> bool:
+    """Whether the graph returns one value rather than a list or tuple of them (the FX converter returns a
+    single output unwrapped)."""
+    args = data["nodes"][-1]["args"]
+    out = args[0] if args else None
+    return not (isinstance(out, list) or (isinstance(out, dict) and "$tuple" in out))
