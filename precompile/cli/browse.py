@@ -60,6 +60,8 @@ def ls_cmd(cache_url: str | None, as_json: bool) -> None:
                           json.dumps(it["options"]) if it["options"] else "", (it["created"] or "")[:19])
             continue
         engine = "fast" if it["engine"] == "fast" else f"[yellow]portable[/] ({(it['fast_off'] or '')[:40]})"
+        if it["no_host_code"]:
+            engine += ", [green]no host code[/]"
         table.add_row(it["key"][:16], " ".join(it["inputs"]), ",".join(it["devices"]), engine, str(it["kernels"]),
                       human_bytes(it["bytes"]), f"{it['build_seconds']:.1f}", json.dumps(it["options"]) if it["options"] else "",
                       (it["created"] or "")[:19])
