@@ -241,8 +241,9 @@ def _wrapper_graph(norm: NormalizedGraph, plan: Plan, result: Any, shapes: dict[
         return None, "its inputs cannot be run at build, so a wrapper graph could not be validated"
     from precompile.inductor.fx_wrapper import build_wrapper_graph
 
-    got = build_wrapper_graph(norm.gm, plan.compile_inputs, plan.run_inputs, plan.options, result.compiled_fn,
-                              inputs_to_check=result.inputs_to_check, mutated=result.mutated_inputs)
+    with sdpa.priority(plan.sdpa_order):  # the attention backend the artifact's own compile used
+        got = build_wrapper_graph(norm.gm, plan.compile_inputs, plan.run_inputs, plan.options, result.compiled_fn,
+                                  inputs_to_check=result.inputs_to_check, mutated=result.mutated_inputs)
     if isinstance(got, str):
         log.info("artifact %s keeps its Python wrapper: %s", plan.key[:12], got)
         return None, got
