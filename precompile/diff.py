@@ -65,7 +65,7 @@ class Comparison:
         config_changes: Inductor config entries that differ when the ``inductor_config`` digest does.
         pick_changes: tuned ops (GEMM, convolution) whose chosen candidate differs (:func:`pick_changes`);
             picks are outcomes of a build, not key factors.
-        wrapper_diff: unified diff of the two wrapper graphs, node by node (:func:`precompile.wrapper_graph.describe`),
+        wrapper_diff: unified diff of the two wrapper graphs, node by node (:func:`precompile.wrapper_text.describe`),
             when both are stored as data and differ ("" otherwise).
     """
 
@@ -192,7 +192,7 @@ def compare(a: Source, b: Source, *, context: int = 2) -> Comparison:
 def _wrapper_diff(a: Source, b: Source, context: int) -> str:
     """Unified diff of two stored wrapper graphs' readable forms; "" when either has none, they are the same part,
     or one is refused by its checks (then ``inspect --wrapper`` says why)."""
-    from precompile import wrapper_graph
+    from precompile.wrapper_text import describe
 
     texts = []
     for s in (a, b):
@@ -201,7 +201,7 @@ def _wrapper_diff(a: Source, b: Source, context: int) -> str:
         if raw is None:
             return ""
         try:
-            texts.append(wrapper_graph.describe(json.loads(raw)))
+            texts.append(describe(json.loads(raw)))
         except ValueError:
             return ""
     if texts[0] == texts[1]:

@@ -165,6 +165,10 @@ def build(data: Any, launch: Callable[..., Any] | None = None) -> Callable[..., 
         if target is None:
             if launch is None:
                 raise WrapperGraphError(f"node {i} ({spec['name']}) launches a Triton kernel and no launcher was given")
+            bound = _bind(spec, launch, scope, f"node {i} ({spec['name']})")
+            if bound is not None:
+                body.append(f"    v{i} = {bound}")
+                continue
             target = launch
         scope[f"t{i}"] = target
         kwargs = [f"{k}={_render(v, scope)}" for k, v in spec["kwargs"].items()]
@@ -178,45 +182,30 @@ def build(data: Any, launch: Callable[..., Any] | None = None) -> Callable[..., 
     return scope["wrapper"]
 
 
-def describe(data: Any) -> str:
-    """The checked wrapper graph as readable lines, one per node (``v5 = aten::addmm.out(v2, v0, v4, out=v3)``),
-    for ``precompile inspect --wrapper`` and ``diff``; nothing is built or run.
-
-    Raises:
-        WrapperGraphError: :func:`check` refused the data.
-    """
-    check(data)
-    names = {i: n["name"] for i, n in enumerate(data["nodes"])}
-    params, lines = [], []
-    for i, spec in enumerate(data["nodes"]):
-        if spec["op"] == "placeholder":
-            params.append(spec["name"])
-            continue
-        args = [_show(v, names) for v in spec["args"]]
-        if spec["op"] == "output":
-            lines.append(f"return {args[0] if args else 'None'}")
-            continue
-        (kind, target), = spec["target"].items()
-        kwargs = [f"{k}={_show(v, names)}" for k, v in spec["kwargs"].items()]
-        lines.append(f"{spec['name']} = {target}({', '.join([*args, *kwargs])})")
-    return "\n".join([f"def wrapper({', '.join(params)}):", *("    " + line for line in lines)])
-
-
-def _show(value: Any, names: dict[int, str]) -> str:
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return repr(value)
-    if isinstance(value, list):
-        return "[" + ", ".join(_show(v, names) for v in value) + "]"
-    (tag, payload), = value.items()
-    if tag == "$node":
-        return names[payload]
-    if tag in ("$tuple", "$size"):
-        return "(" + "".join(_show(v, names) + ", " for v in payload) + ")"
-    if tag == "$slice":
-        return "slice(" + ", ".join(_show(v, names) for v in payload) + ")"
-    if tag == "$dict":
-        return "{" + ", ".join(f"{_show(k, names)}: {_show(v, names)}" for k, v in payload) + "}"
-    return str(_decode(value, []))
+def _bind(spec: dict[str, Any], launch: Any, scope: dict[str, Any], where: str) -> str | None:
+    """A launch node as one direct call, ``k<n>(grid_x, grid_y, grid_z, *cubin arguments)``, where the launcher
+    offers ``bind(kernel_idx) -> (names of the arguments the cubin takes, run(x, y, z, *args))`` and the node
+    is plain (one grid, no side-table constants or TMA descriptors); else None (the generic keyword call)."""
+    if not hasattr(launch, "bind"):
+        return None
+    kw = spec["kwargs"]
+    grid, named, idx = kw.get("grid"), kw.get("kwargs"), kw.get("kernel_idx")
+    if not (isinstance(idx, int) and isinstance(grid, list) and len(grid) == 1 and isinstance(grid[0], dict)
+            and "$tuple" in grid[0] and len(grid[0]["$tuple"]) == 3 and isinstance(named, dict) and "$dict" in named
+            and kw.get("tma_descriptor_metadata") in ({"$dict": []}, None)):
+        return None
+    try:
+        passed, run = launch.bind(idx)
+    except KeyError:
+        raise WrapperGraphError(f"{where} launches kernel {idx}, which has no launch record") from None
+    values = {k: v for k, v in named["$dict"]}
+    missing = [a for a in passed if a not in values]
+    if missing:
+        raise WrapperGraphError(f"{where} does not pass the kernel's arguments {missing}")
+    name = f"k{len(scope)}"
+    scope[name] = run
+    args = [_render(v, scope) for v in grid[0]["$tuple"]] + [_render(values[a], scope) for a in passed]
+    return f"{name}({', '.join(args)})"
 
 
 def _refs(values: list[Any]) -> list[int]:

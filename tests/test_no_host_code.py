@@ -12,7 +12,7 @@ import _graphs
 import precompile
 from cache_backends.registry import open_cache
 from precompile.errors import ArtifactNotFoundError, ConfigError, UntrustedArtifactError
-from precompile.wrapper_graph import describe
+from precompile.wrapper_text import describe
 
 
 @pytest.fixture(scope="module")

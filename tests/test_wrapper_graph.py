@@ -126,3 +126,48 @@ def test_a_damaged_or_hostile_wrapper_graph_is_refused_before_anything_runs(dama
     with pytest.raises(wg.WrapperGraphError, match=why):
         wg.build(data, lambda **kw: (tmp_path / "ran").write_text("ran"))
     assert not (tmp_path / "ran").exists()
+
+
+class BoundLaunch:
+    """A launcher offering ``bind``, as cuda_runtime.GraphLaunch does: the graph calls it directly."""
+
+    def __init__(self):
+        self.calls = []
+
+    def bind(self, kernel_idx):
+        if kernel_idx != 0:
+            raise KeyError(kernel_idx)
+
+        def run(x, y, z, ptr, numel):
+            self.calls.append((x, y, z, numel))
+            ptr.relu_()
+
+        return ("in_out_ptr0", "xnumel"), run
+
+
+def test_a_launcher_with_bind_is_called_directly_with_the_cubins_arguments_in_order():
+    launch = BoundLaunch()
+    fn = wg.build(json.loads(json.dumps(_launching_graph())), launch)
+    x, w, b = torch.randn(5, 16), torch.randn(8, 16), torch.randn(8)
+    (out,) = fn(x, w, b)
+    assert torch.equal(out, torch.relu(torch.addmm(b, x, w.t())))
+    assert launch.calls == [(40, 1, 1, 40)]
+    data = _launching_graph()
+    launch_node = next(n for n in data["nodes"] if n["target"] == {"hop": wg.TRITON_LAUNCH})
+    launch_node["kwargs"]["kernel_idx"] = 3
+    with pytest.raises(wg.WrapperGraphError, match="no launch record"):
+        wg.build(data, BoundLaunch())
+
+
+def test_diff_shows_two_wrapper_graphs_node_by_node():
+    from precompile.diff import _wrapper_diff
+    from precompile.lookup import Source
+
+    a, b = _launching_graph(), _launching_graph()
+    next(n for n in b["nodes"] if n["target"] == {"op": "aten::addmm.out"})["kwargs"]["beta"] = 0
+    blobs = {"a": json.dumps(a).encode(), "b": json.dumps(b).encode()}
+    sources = [Source(k * 64, {"parts": {"wrapper_graph": {"graph": k}}}, "here", blobs.get) for k in "ab"]
+    diff = _wrapper_diff(*sources, 1)
+    assert "-    addmm_out = aten::addmm.out(b, x, as_strided, alpha=1, beta=1, out=empty_strided)" in diff
+    assert "+    addmm_out = aten::addmm.out(b, x, as_strided, alpha=1, beta=0, out=empty_strided)" in diff
+    assert _wrapper_diff(sources[0], sources[0], 1) == ""

@@ -10,7 +10,7 @@ from precompile.cli.common import console
 
 
 def show_wrapper_graph(source: Any, m: dict[str, Any]) -> None:
-    """Print ``m``'s wrapper graph (:func:`precompile.wrapper_graph.describe`) and its kernels' launch records, or
+    """Print ``m``'s wrapper graph (:func:`precompile.wrapper_text.describe`) and its kernels' launch records, or
     why the artifact has none.  The graph and records are checked before anything is printed.
 
     Raises:
@@ -20,8 +20,8 @@ def show_wrapper_graph(source: Any, m: dict[str, Any]) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    from precompile import wrapper_graph
     from precompile.inductor.cuda_runtime import read_launch
+    from precompile.wrapper_text import describe
 
     con = console()
     part = (m.get("parts") or {}).get("wrapper_graph")
@@ -30,7 +30,7 @@ def show_wrapper_graph(source: Any, m: dict[str, Any]) -> None:
         return
     try:
         data = json.loads(source.part_text(part["graph"]) or "null")
-        text = wrapper_graph.describe(data)
+        text = describe(data)
         records = {i: read_launch(source.read(d) or b"", i)[0] for i, d in sorted(part["kernels"].items())}
     except ValueError as err:
         raise click.ClickException(f"the stored wrapper graph is refused: {err}") from err

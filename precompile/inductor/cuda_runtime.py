@@ -125,6 +125,21 @@ class GraphLaunch:
                              tuple(k.record["passed"]), int(k.record["scratch"]), int(k.record["device"]))
                          for i, k in kernels.items()}
 
+    def bind(self, kernel_idx: int) -> tuple[tuple[str, ...], Any]:
+        """``(names of the arguments the cubin takes, run(x, y, z, *args))`` for kernel ``kernel_idx``: what
+        :func:`precompile.wrapper_graph.build` calls a launch node with directly (no keyword dicts per call).
+
+        Raises:
+            KeyError: no such kernel.
+        """
+        function, warps, shared, tys, passed, scratch, device = self._kernels[kernel_idx]
+        launch, stream, pad = self._launch, torch._C._cuda_getCurrentRawStream, (None,) * scratch
+
+        def run(x: int, y: int, z: int, *args: Any) -> None:
+            launch(function, x, y, z, warps, shared, tys, args + pad, stream(device))
+
+        return passed, run
+
     def __call__(self, *, kernel_idx: int, constant_args_idx: int, grid: list[Any],
                  tma_descriptor_metadata: dict[str, Any], kwargs: dict[str, Any]) -> None:
         function, warps, shared, tys, passed, scratch, device = self._kernels[kernel_idx]
