@@ -66,7 +66,8 @@ def load_from_cache(key: str, cache: str | Cache | None, *, bound: dict[int, tor
             safe_incr(c, host_code_refused=1)
             metrics.note_miss("host_code")
             return None
-        primer = start_primer(manifest)  # the replay, where asked for, runs while the blobs are read and checked
+        # the replay, where asked for, runs while the blobs are read and checked (never for the graph engine)
+        primer = None if config.require_no_host_code() else start_primer(manifest)
         needed = manifest.load_digests()
         got = c.get_blobs(needed)
         lost = [d for d, v in got.items() if v is MISS]

@@ -202,7 +202,7 @@ def _wrapper_diff(a: Source, b: Source, context: int) -> str:
             return ""
         try:
             texts.append(describe(json.loads(raw)))
-        except ValueError:
+        except (ValueError, RecursionError):
             return ""
     if texts[0] == texts[1]:
         return ""

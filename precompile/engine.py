@@ -86,7 +86,7 @@ def _no_host_code(art: Artifact) -> Callable[..., Any]:
             f"artifact {art.key[:12]} carries host code ({art.manifest.build.get('host_code') or 'a Python wrapper'})"
             " and PRECOMPILE_REQUIRE_NO_HOST_CODE is set; unset it to load this artifact, or build it for a GPU "
             "where Inductor's FX wrapper expresses the graph", reason="host_code")
-    engine = load_graph(art.blob(part["graph"]), {int(i): art.blob(d) for i, d in part["kernels"].items()},
+    engine = load_graph(art.blob(part["graph"]), {int(i): art.blob(d) for i, d in part.get("kernels", {}).items()},
                         inputs_to_check=sorted(art._aligned_assumed),
                         mutated=art.manifest.build.get("mutated_inputs") or [])
     art.engine_kind = "graph"

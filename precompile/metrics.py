@@ -113,7 +113,7 @@ def record_lookup(outcome: str, art: Any, seconds: float, miss_reason: str | Non
 
 def record_load(art: Any, seconds: float) -> None:
     """Record a stored artifact turned into a callable in ``seconds`` (``art.engine_kind`` is the path)."""
-    path = art.engine_kind if art.engine_kind in ("fast", "portable") else "other"
+    path = art.engine_kind if art.engine_kind in ("fast", "portable", "graph") else "other"
     _inc("loads", (path,))
     _inc("loaded_bytes", (), float(art.manifest.total_bytes()))
     _observe("load_seconds", seconds, (path,))

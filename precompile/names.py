@@ -184,7 +184,7 @@ def check_manifest(doc: dict[str, Any]) -> None:
         _typed(wgraph, dict, "parts.wrapper_graph")
         named(wgraph.get("graph"), "parts.wrapper_graph.graph")
         for idx, d in _typed(wgraph.get("kernels", {}), dict, "parts.wrapper_graph.kernels").items():
-            if not (isinstance(idx, str) and idx.isdigit() and len(idx) <= 9):
+            if not (isinstance(idx, str) and idx.isascii() and idx.isdecimal() and len(idx) <= 9):
                 raise ArtifactFormatError(f"manifest field parts.wrapper_graph.kernels has key {str(idx)[:20]!r}, "
                                           "not a kernel index")
             named(d, f"parts.wrapper_graph.kernels[{idx}]")

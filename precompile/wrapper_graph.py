@@ -26,6 +26,7 @@ arguments it names; a malicious cubin's effects on the GPU are not contained (do
 
 from __future__ import annotations
 
+import keyword
 import math
 import operator
 from collections.abc import Callable
@@ -67,6 +68,12 @@ MAX_DEPTH = 8
 MAX_ITEMS = 4096
 MAX_STRING = 256
 _TYPED = {"$dtype": torch.dtype, "$layout": torch.layout, "$memory_format": torch.memory_format}
+#: torch's dtypes, layouts and memory formats by name, read once from ``vars(torch)`` (a stored name is looked up
+#: here, never through ``getattr(torch, name)``, which may import a submodule)
+_NAMED = {tag: {n: v for n, v in vars(torch).items() if isinstance(v, kind)} for tag, kind in _TYPED.items()}
+#: functions whose arguments must be plain integers or node references (size arithmetic, no list or string tricks)
+_ARITHMETIC = frozenset(n for n in ALLOWED_FUNCTIONS if n.startswith("_operator:") and n != "_operator:getitem") | {
+    "torch:sym_max", "torch:sym_min"}
 
 
 class WrapperGraphError(ValueError):
@@ -113,7 +120,14 @@ def check(data: Any) -> None:
             if not _identifier(node["target"]) or node["args"] or node["kwargs"]:
                 raise WrapperGraphError(f"{where}: a placeholder takes an identifier and no arguments")
         elif op == "call_function":
-            _target(node["target"], where)
+            found = _target(node["target"], where)
+            fn = node["target"].get("fn")
+            if fn in _ARITHMETIC and not all(
+                    isinstance(a, int) or isinstance(a, dict) and set(a) == {"$node"} for a in node["args"]):
+                raise WrapperGraphError(f"{where}: size arithmetic takes integers and nodes only")
+            if found is None and not (isinstance(node["kwargs"].get("kernel_idx"), int)
+                                      and not isinstance(node["kwargs"]["kernel_idx"], bool)):
+                raise WrapperGraphError(f"{where}: a kernel launch needs an integer kernel_idx")
         elif op == "output":
             if i != len(nodes) - 1:
                 raise WrapperGraphError(f"{where}: the output node must be the last")
@@ -152,6 +166,10 @@ def build(data: Any, launch: Callable[..., Any] | None = None) -> Callable[..., 
     for i, spec in enumerate(nodes):
         for j in _refs([*spec["args"], *spec["kwargs"].values()]):
             last_use[j] = i
+    released: dict[int, list[int]] = {}  # node -> the intermediates whose last use it is
+    for j, last in last_use.items():
+        if nodes[j]["op"] != "placeholder":
+            released.setdefault(last, []).append(j)
     params, body = [], []
     for i, spec in enumerate(nodes):
         if spec["op"] == "placeholder":
@@ -162,19 +180,19 @@ def build(data: Any, launch: Callable[..., Any] | None = None) -> Callable[..., 
             body.append(f"    return {args[0] if args else 'None'}")
             break
         target = _target(spec["target"], f"node {i}")
+        bound = None
         if target is None:
             if launch is None:
                 raise WrapperGraphError(f"node {i} ({spec['name']}) launches a Triton kernel and no launcher was given")
             bound = _bind(spec, launch, scope, f"node {i} ({spec['name']})")
-            if bound is not None:
-                body.append(f"    v{i} = {bound}")
-                continue
             target = launch
-        scope[f"t{i}"] = target
-        kwargs = [f"{k}={_render(v, scope)}" for k, v in spec["kwargs"].items()]
-        body.append(f"    v{i} = t{i}({', '.join([*args, *kwargs])})")
-        dead = [j for j, last in last_use.items() if last == i and nodes[j]["op"] != "placeholder"]
-        dead += [i] if i not in last_use else []
+        if bound is not None:
+            body.append(f"    v{i} = {bound}")
+        else:
+            scope[f"t{i}"] = target
+            kwargs = [f"{k}={_render(v, scope)}" for k, v in spec["kwargs"].items()]
+            body.append(f"    v{i} = t{i}({', '.join([*args, *kwargs])})")
+        dead = released.get(i, []) + ([i] if i not in last_use else [])
         if dead:
             body.append("    " + " = ".join(f"v{j}" for j in dead) + " = None")
     code = "\n".join([f"def wrapper({', '.join(params)}):", *body])
@@ -184,7 +202,8 @@ def build(data: Any, launch: Callable[..., Any] | None = None) -> Callable[..., 
 
 def _bind(spec: dict[str, Any], launch: Any, scope: dict[str, Any], where: str) -> str | None:
     """A launch node as one direct call, ``k<n>(grid_x, grid_y, grid_z, *cubin arguments)``, where the launcher
-    offers ``bind(kernel_idx) -> (names of the arguments the cubin takes, run(x, y, z, *args))`` and the node
+    offers ``bind(kernel_idx) -> (names of the arguments the cubin takes, the names among them that are pointers,
+    run(x, y, z, *args))`` and the node
     is plain (one grid, no side-table constants or TMA descriptors); else None (the generic keyword call)."""
     if not hasattr(launch, "bind"):
         return None
@@ -195,13 +214,17 @@ def _bind(spec: dict[str, Any], launch: Any, scope: dict[str, Any], where: str) 
             and kw.get("tma_descriptor_metadata") in ({"$dict": []}, None)):
         return None
     try:
-        passed, run = launch.bind(idx)
+        passed, pointers, run = launch.bind(idx)
     except KeyError:
         raise WrapperGraphError(f"{where} launches kernel {idx}, which has no launch record") from None
     values = {k: v for k, v in named["$dict"]}
     missing = [a for a in passed if a not in values]
     if missing:
         raise WrapperGraphError(f"{where} does not pass the kernel's arguments {missing}")
+    # a pointer argument is a tensor the graph holds (or None), never an address the stored graph makes up
+    bad = [a for a in pointers if not (values[a] is None or isinstance(values[a], dict) and "$node" in values[a])]
+    if bad:
+        raise WrapperGraphError(f"{where} passes {bad} as pointers, which are not tensors of the graph")
     name = f"k{len(scope)}"
     scope[name] = run
     args = [_render(v, scope) for v in grid[0]["$tuple"]] + [_render(values[a], scope) for a in passed]
@@ -252,13 +275,16 @@ def _render(value: Any, scope: dict[str, Any]) -> str:
 
 
 def _identifier(value: Any) -> bool:
-    return isinstance(value, str) and len(value) <= MAX_STRING and value.isidentifier()
+    return (isinstance(value, str) and len(value) <= MAX_STRING and value.isidentifier()
+            and not keyword.iskeyword(value))
 
 
 def _target(target: Any, where: str) -> Any:
     """The allowed callable ``target`` names (None for a Triton launch), or :class:`WrapperGraphError`."""
     if isinstance(target, dict) and len(target) == 1:
         (kind, name), = target.items()
+        if not isinstance(name, str):
+            raise WrapperGraphError(f"{where}: target {str(target)[:80]} is not in the wrapper allow-list")
         if kind == "fn" and name in ALLOWED_FUNCTIONS:
             return ALLOWED_FUNCTIONS[name]
         if kind == "hop" and name == TRITON_LAUNCH:
@@ -304,8 +330,7 @@ def _value(value: Any, index: int, where: str, depth: int) -> None:
         if payload not in ("inf", "-inf", "nan"):
             raise WrapperGraphError(f"{where}: tagged float {str(payload)[:20]!r}")
     elif tag in _TYPED:
-        if not (isinstance(payload, str) and payload.isidentifier() and isinstance(getattr(torch, payload, None),
-                                                                                      _TYPED[tag])):
+        if not (isinstance(payload, str) and payload in _NAMED[tag]):
             raise WrapperGraphError(f"{where}: {tag[1:]} {str(payload)[:40]!r} is not one of torch's")
     elif tag == "$device":
         try:
@@ -318,7 +343,9 @@ def _value(value: Any, index: int, where: str, depth: int) -> None:
         _value(payload, index, where, depth + 1)
     elif tag == "$dict":
         if not isinstance(payload, list) or len(payload) > MAX_ITEMS or not all(
-                isinstance(kv, list) and len(kv) == 2 and isinstance(kv[0], (str, int)) for kv in payload):
+                isinstance(kv, list) and len(kv) == 2 and (isinstance(kv[0], int) and not isinstance(kv[0], bool)
+                                                           or isinstance(kv[0], str) and len(kv[0]) <= MAX_STRING)
+                for kv in payload):
             raise WrapperGraphError(f"{where}: a malformed dict (pairs with string or int keys)")
         for _, v in payload:
             _value(v, index, where, depth + 1)
@@ -338,7 +365,7 @@ def _decode(value: Any, nodes: list[torch.fx.Node]) -> Any:
     if tag == "$float":
         return float(payload)
     if tag in _TYPED:
-        return getattr(torch, payload)
+        return _NAMED[tag][payload]
     if tag == "$device":
         return torch.device(payload)
     if tag == "$size":

@@ -185,6 +185,9 @@ def test_a_damaged_launch_blob_is_refused_with_its_reason(damage, why):
 
 @pytest.mark.parametrize("field, value, why", [
     ("grid", ["grid_0 = __import__('os').system('x')"], "not plain arithmetic"),
+    ("grid", ["grid_0 = 1\nimport os"], "not plain arithmetic"),
+    ("grid", ["grid_0 = x.__class__"], "not plain arithmetic"),
+    ("arg_tys", "OO", "type codes"),
     ("params", ["x; import os"], "not identifiers"),
     ("name", "k(", "not identifiers"),
     ("num_warps", "4", "wrong type"),

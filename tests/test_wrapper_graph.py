@@ -108,6 +108,17 @@ DAMAGES = {
     "a name that is not an identifier": (lambda d: d["nodes"][3].update(name="x; import os"), "not an identifier"),
     "a dtype that is not one": (
         lambda d: d["nodes"][4]["kwargs"].update(dtype={"$dtype": "load"}), "not one of torch's"),
+    "a dtype naming a torch submodule": (
+        lambda d: d["nodes"][4]["kwargs"].update(dtype={"$dtype": "_inductor"}), "not one of torch's"),
+    "a keyword as a keyword argument": (lambda d: d["nodes"][4]["kwargs"].update({"lambda": 1}), "identifiers"),
+    "size arithmetic on a list": (lambda d: _node(d, {"fn": "_operator:mul"}).update(args=[["x"], 10 ** 9]),
+                                  "integers and nodes"),
+    "a kernel index that is not an integer": (
+        lambda d: _node(d, {"hop": "triton_kernel_wrapper_mutation"})["kwargs"].update(kernel_idx=[0]),
+        "integer kernel_idx"),
+    "a target name that is not a string": (
+        lambda d: _node(d, {"fn": "torch:empty_strided"}).update(target={"fn": ["torch:empty_strided"]}),
+        "allow-list"),
     "an unknown tag": (lambda d: d["nodes"][4]["kwargs"].update(dtype={"$pickle": "gASV"}), "not allowed"),
     "a long string": (lambda d: d["nodes"][4]["kwargs"].update(dtype="x" * 1000), "more than"),
     "deep nesting": (lambda d: d["nodes"][4]["args"].append([[[[[[[[[[1]]]]]]]]]]), "nested deeper"),
@@ -142,7 +153,7 @@ class BoundLaunch:
             self.calls.append((x, y, z, numel))
             ptr.relu_()
 
-        return ("in_out_ptr0", "xnumel"), run
+        return ("in_out_ptr0", "xnumel"), ("in_out_ptr0",), run
 
 
 def test_a_launcher_with_bind_is_called_directly_with_the_cubins_arguments_in_order():
@@ -156,6 +167,11 @@ def test_a_launcher_with_bind_is_called_directly_with_the_cubins_arguments_in_or
     launch_node = next(n for n in data["nodes"] if n["target"] == {"hop": wg.TRITON_LAUNCH})
     launch_node["kwargs"]["kernel_idx"] = 3
     with pytest.raises(wg.WrapperGraphError, match="no launch record"):
+        wg.build(data, BoundLaunch())
+    data = _launching_graph()  # a made-up address where the kernel takes a pointer
+    launch_node = next(n for n in data["nodes"] if n["target"] == {"hop": wg.TRITON_LAUNCH})
+    launch_node["kwargs"]["kwargs"]["$dict"][0][1] = 140000000000
+    with pytest.raises(wg.WrapperGraphError, match="as pointers"):
         wg.build(data, BoundLaunch())
 
 

@@ -32,7 +32,7 @@ def show_wrapper_graph(source: Any, m: dict[str, Any]) -> None:
         data = json.loads(source.part_text(part["graph"]) or "null")
         text = describe(data)
         records = {i: read_launch(source.read(d) or b"", i)[0] for i, d in sorted(part["kernels"].items())}
-    except ValueError as err:
+    except (ValueError, RecursionError) as err:
         raise click.ClickException(f"the stored wrapper graph is refused: {err}") from err
     con.print(Text(text))
     kt = Table(title=f"kernels ({len(records)}): launched from their cubins by torch's static launcher")

@@ -13,7 +13,7 @@ import logging
 from dataclasses import dataclass
 
 from cache_backends.base import MISS, Cache, digest_bytes
-from precompile import metrics
+from precompile import config, metrics
 from precompile.cache_io import safe_incr, warn_once
 from precompile.errors import ArtifactFormatError, CacheError, UnsafePathError
 from precompile.function.manifest import FunctionManifest
@@ -69,6 +69,12 @@ def read(cache: Cache, key: str) -> Stored | None:
         manifest = FunctionManifest.from_dict(doc)
         if manifest.key != key:
             drop(cache, key, f"its manifest names another key {manifest.key[:12]}")
+            return None
+        if config.require_no_host_code():  # Dynamo's part is a pickle and its bytecode runs: host code
+            log.info("function artifact %s carries host code (Dynamo's bytecode) and PRECOMPILE_REQUIRE_NO_HOST_CODE "
+                     "is set: a miss", key[:12])
+            safe_incr(cache, host_code_refused=1)
+            metrics.note_miss("host_code")
             return None
         part = manifest.parts["dynamo"]
         if int(manifest.blobs[part]["size"]) > MAX_DYNAMO_BYTES:

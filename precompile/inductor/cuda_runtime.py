@@ -37,7 +37,7 @@ LAUNCH = ".launch"
 _MAGIC = b"PCLAUNCH"
 _HEADER = struct.Struct("<8sII")
 
-_GRID_LINE = re.compile(r"^[\w\s()+\-*/%<>=!,.\[\]]*$")
+_GRID_LINE = re.compile(r"^(?!.*__)[\w \t()+\-*/%<>=!,.\[\]]*$")
 _RECORD_MAX_BYTES = 1 << 20
 
 
@@ -87,6 +87,11 @@ def read_launch(blob: bytes, digest: str) -> tuple[dict[str, Any], bytes]:
         raise ValueError("launch record names parameters that are not identifiers")
     if not all(isinstance(line, str) and _GRID_LINE.match(line) for line in record["grid"]):
         raise ValueError("launch record has grid lines that are not plain arithmetic")
+    tys = record["arg_tys"]
+    if not (tys.isascii() and tys.isalpha() and len(tys) == len(record["passed"]) + record["scratch"]
+            and 0 <= record["scratch"] <= 2):
+        raise ValueError(f"launch record of {digest[:12]} has type codes {tys[:40]!r} that do not match its "
+                         f"{len(record['passed'])} arguments")
     return record, blob[_HEADER.size + n:]
 
 
@@ -94,7 +99,7 @@ class TritonKernel:
     """A Triton kernel's picked cubin, loaded into the current CUDA context and launched by torch's static
     launcher; ``run(*params, stream=...)`` as the wrapper calls Inductor's ``CachingAutotuner.run``."""
 
-    def __init__(self, record: dict[str, Any], cubin: bytes):
+    def __init__(self, record: dict[str, Any], cubin: bytes, *, grid_launcher: bool = True):
         launcher = shim.static_cuda_launcher()
         torch.cuda.init()
         fd, path = memfd(cubin, record["name"] + ".cubin", keep=False)
@@ -105,7 +110,8 @@ class TritonKernel:
         self.name = record["name"]
         self.record = record
         self.function = shim.launcher_function_handle(self.handles)
-        self.run = launcher_function(record, launcher._launch_kernel, self.function)
+        # a wrapper graph's launches carry their grids: no launcher is generated from the record for them
+        self.run = launcher_function(record, launcher._launch_kernel, self.function) if grid_launcher else None
 
 
 class GraphLaunch:
@@ -125,9 +131,10 @@ class GraphLaunch:
                              tuple(k.record["passed"]), int(k.record["scratch"]), int(k.record["device"]))
                          for i, k in kernels.items()}
 
-    def bind(self, kernel_idx: int) -> tuple[tuple[str, ...], Any]:
-        """``(names of the arguments the cubin takes, run(x, y, z, *args))`` for kernel ``kernel_idx``: what
-        :func:`precompile.wrapper_graph.build` calls a launch node with directly (no keyword dicts per call).
+    def bind(self, kernel_idx: int) -> tuple[tuple[str, ...], tuple[str, ...], Any]:
+        """``(names of the arguments the cubin takes, those of them that are pointers, run(x, y, z, *args))`` for
+        kernel ``kernel_idx``: what :func:`precompile.wrapper_graph.build` calls a launch node with directly (no
+        keyword dicts per call).
 
         Raises:
             KeyError: no such kernel.
@@ -138,7 +145,7 @@ class GraphLaunch:
         def run(x: int, y: int, z: int, *args: Any) -> None:
             launch(function, x, y, z, warps, shared, tys, args + pad, stream(device))
 
-        return passed, run
+        return passed, tuple(a for a, t in zip(passed, tys) if t == "O"), run
 
     def __call__(self, *, kernel_idx: int, constant_args_idx: int, grid: list[Any],
                  tma_descriptor_metadata: dict[str, Any], kwargs: dict[str, Any]) -> None:
@@ -149,6 +156,8 @@ class GraphLaunch:
             raise ValueError(f"kernel {kernel_idx}: grid {grid!r} is not one (x, y, z)")
         x, y, z = grid[0]
         args = tuple(kwargs[a] for a in passed) + (None,) * scratch
+        if any(t == "O" and a is not None and not isinstance(a, torch.Tensor) for a, t in zip(args, tys)):
+            raise ValueError(f"kernel {kernel_idx}: a pointer argument is not a tensor of the graph")
         self._launch(function, int(x), int(y), int(z), warps, shared, tys, args,
                      torch._C._cuda_getCurrentRawStream(device))
 

@@ -15,6 +15,7 @@ entries an artifact carries.
 
 from __future__ import annotations
 
+import copy
 import threading
 from typing import Any
 
@@ -66,7 +67,7 @@ def wrapper_graph(gm: torch.fx.GraphModule, example_inputs: list[Any],
         wrapper_fxir.FxConverter.generate = capture_converter
         try:
             with config.patch({**(options or {}), "fx_wrapper": True}), torch.no_grad():
-                compiled = compile_fx(gm, example_inputs)
+                compiled = compile_fx(copy.deepcopy(gm), example_inputs)  # compile_fx rewrites the graph it gets
         except Exception as err:  # noqa: BLE001 - any converter failure means "not expressible", with its reason
             cause = err.__cause__ or err
             raise NotExpressible(f"{type(cause).__name__}: {' '.join(str(cause).split())[:300]}") from err

@@ -15,8 +15,8 @@ from typing import Any
 from precompile import wrapper_graph
 from precompile.inductor import cuda_runtime, runtime
 
-#: Largest stored wrapper graph read, bytes.
-MAX_GRAPH_BYTES = 64 << 20
+#: Largest stored wrapper graph read, bytes (a large model's is well under 1 MiB).
+MAX_GRAPH_BYTES = 8 << 20
 
 
 def load_graph(graph: bytes, launches: dict[int, bytes], *, inputs_to_check: list[int] = (),
@@ -37,15 +37,15 @@ def load_graph(graph: bytes, launches: dict[int, bytes], *, inputs_to_check: lis
         raise wrapper_graph.WrapperGraphError(f"a wrapper graph of {len(graph)} bytes, more than {MAX_GRAPH_BYTES}")
     try:
         data = json.loads(graph)
-    except ValueError as err:
-        raise wrapper_graph.WrapperGraphError(f"the wrapper graph is not JSON: {err}") from err
+    except (ValueError, RecursionError) as err:
+        raise wrapper_graph.WrapperGraphError(f"the wrapper graph is not JSON (or nested too deep): {err}") from err
     wrapper_graph.check(data)
     named = {kw.get("kernel_idx") for n in data["nodes"] for kw in [_launch_kwargs(n)] if kw is not None}
     missing = named - set(launches)
     if missing:
         raise ValueError(f"the wrapper graph launches kernels {sorted(missing)} that carry no launch blob")
-    kernels = {i: cuda_runtime.TritonKernel(*cuda_runtime.read_launch(blob, f"kernel {i}"))
-               for i, blob in launches.items()}
+    kernels = {i: cuda_runtime.TritonKernel(*cuda_runtime.read_launch(blob, f"kernel {i}"), grid_launcher=False)
+               for i, blob in launches.items() if i in named}
     fn = wrapper_graph.build(data, cuda_runtime.GraphLaunch(kernels))
     single = _single_output(data)
 
