@@ -211,7 +211,8 @@ def build(norm: NormalizedGraph, plan: Plan) -> Artifact:
     else:
         log.info("artifact %s loads through the portable path only: %s", plan.key[:12], fast_off)
     parts["fast"] = fast
-    parts["wrapper_graph"], host_code = _wrapper_graph(norm, plan, result, shapes, put)
+    no_fast = (fast_off or "not offered") if fast is None else None
+    parts["wrapper_graph"], host_code = _wrapper_graph(norm, plan, result, shapes, put, no_fast)
     manifest = Manifest(
         key=plan.key, factors=plan.factors, placeholders=plan.specs, parts=parts, kernels=kernels,
         autotune={"kernels": {k["name"]: k["config"] for k in kernels if k["config"]}, "other": result.autotune,
@@ -228,13 +229,16 @@ def build(norm: NormalizedGraph, plan: Plan) -> Artifact:
     return Artifact(manifest, blobs, engine=result.compiled_fn, bound=norm.bound, source="compiled")
 
 
-def _wrapper_graph(norm: NormalizedGraph, plan: Plan, result: Any, shapes: dict[str, Any],
-                   put: Any) -> tuple[dict[str, Any] | None, str | None]:
+def _wrapper_graph(norm: NormalizedGraph, plan: Plan, result: Any, shapes: dict[str, Any], put: Any,
+                   no_fast: str | None) -> tuple[dict[str, Any] | None, str | None]:
     """``(parts.wrapper_graph, build.host_code)``: a CUDA graph's wrapper as data with its kernels' launch blobs,
     validated (:func:`precompile.inductor.fx_wrapper.build_wrapper_graph`), and None; or None and why the
-    artifact needs host code (the Python wrapper) to run."""
+    artifact needs host code (the Python wrapper) to run.  Tried only where the fast path is offered (an
+    inference graph, validated): ``no_fast`` is why it is not, else None."""
     if not any(str(d).startswith("cuda") for d in plan.devices):
         return None, "a CPU graph: its kernels are C++ shared objects"
+    if no_fast is not None:
+        return None, f"no fast path ({no_fast})"
     if shapes.get("symbols"):
         return None, "symbolic sizes: Inductor's FX wrapper does not express them (torch 2.11)"
     if not plan.runnable:
