@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from precompile.wrapper_graph import _decode, check
+from precompile.wrapper_codegen import _decode
+from precompile.wrapper_graph import check
 
 
 def describe(data: Any) -> str:

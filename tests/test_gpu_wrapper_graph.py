@@ -26,13 +26,14 @@ import json, sys
 from pathlib import Path
 import torch
 before = set(sys.modules)
-from precompile import wrapper_graph
+from precompile.wrapper_codegen import build
 from precompile.inductor import cuda_runtime
 d = Path(sys.argv[1])
 data = json.loads((d / "wrapper.json").read_text())
-kernels = {int(p.stem[1:]): cuda_runtime.TritonKernel(*cuda_runtime.read_launch(p.read_bytes(), p.stem))
+kernels = {int(p.stem[1:]): cuda_runtime.TritonKernel(*cuda_runtime.read_launch(p.read_bytes(), p.stem),
+                                                     grid_launcher=False)
            for p in d.glob("k*.launch")}
-fn = wrapper_graph.build(data, cuda_runtime.GraphLaunch(kernels))
+fn = build(data, cuda_runtime.GraphLaunch(kernels))
 inputs = torch.load(d / "inputs.pt")
 with torch.no_grad():  # an inference graph, as the fast path runs it
     out = fn(*inputs)

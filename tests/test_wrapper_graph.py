@@ -17,6 +17,7 @@ import torch
 import torch._higher_order_ops.triton_kernel_wrap as tkw
 
 from precompile import wrapper_graph as wg
+from precompile.wrapper_codegen import build
 from precompile.graph_json import graph_to_json
 from precompile.inductor.fx_wrapper import NotExpressible, wrapper_graph
 
@@ -34,7 +35,7 @@ def test_inductor_fx_wrapper_graph_stored_as_json_runs_bit_equal_to_inductor():
     data = json.loads(json.dumps(wg.to_data(graph)))  # what an artifact stores, read back
     targets = {json.dumps(n["target"]) for n in data["nodes"] if n["op"] == "call_function"}
     assert targets == {'{"fn": "torch:empty_strided"}', '{"op": "aten::mm.out"}', '{"op": "aten::addmm.out"}'}
-    fn = wg.build(data)
+    fn = build(data)
     for inputs in (example, [torch.randn(8, 16), torch.randn(16, 4), torch.randn(4)]):
         got, want = fn(*inputs), compiled(*inputs)
         assert all(torch.equal(g, w) for g, w in zip(got, want))
@@ -73,14 +74,14 @@ def test_a_kernel_launch_goes_to_the_loaders_launcher_with_the_grid_of_the_call(
         launches.append((kw["kernel_idx"], kw["grid"], kw["kwargs"]["xnumel"]))
         kw["kwargs"]["in_out_ptr0"].relu_()
 
-    fn = wg.build(data, launch)
+    fn = build(data, launch)
     for rows in (4, 9):
         x, w, b = torch.randn(rows, 16), torch.randn(8, 16), torch.randn(8)
         (out,) = fn(x, w, b)
         assert torch.equal(out, torch.relu(torch.addmm(b, x, w.t())))
         assert launches[-1] == (0, [(rows * 8, 1, 1)], rows * 8)
     with pytest.raises(wg.WrapperGraphError, match="no launcher"):
-        wg.build(data)
+        build(data)
 
 
 def _damaged(edit):
@@ -135,7 +136,7 @@ def test_a_damaged_or_hostile_wrapper_graph_is_refused_before_anything_runs(dama
     edit, why = DAMAGES[damage]
     data = _damaged(edit)
     with pytest.raises(wg.WrapperGraphError, match=why):
-        wg.build(data, lambda **kw: (tmp_path / "ran").write_text("ran"))
+        build(data, lambda **kw: (tmp_path / "ran").write_text("ran"))
     assert not (tmp_path / "ran").exists()
 
 
@@ -158,7 +159,7 @@ class BoundLaunch:
 
 def test_a_launcher_with_bind_is_called_directly_with_the_cubins_arguments_in_order():
     launch = BoundLaunch()
-    fn = wg.build(json.loads(json.dumps(_launching_graph())), launch)
+    fn = build(json.loads(json.dumps(_launching_graph())), launch)
     x, w, b = torch.randn(5, 16), torch.randn(8, 16), torch.randn(8)
     (out,) = fn(x, w, b)
     assert torch.equal(out, torch.relu(torch.addmm(b, x, w.t())))
@@ -167,12 +168,12 @@ def test_a_launcher_with_bind_is_called_directly_with_the_cubins_arguments_in_or
     launch_node = next(n for n in data["nodes"] if n["target"] == {"hop": wg.TRITON_LAUNCH})
     launch_node["kwargs"]["kernel_idx"] = 3
     with pytest.raises(wg.WrapperGraphError, match="no launch record"):
-        wg.build(data, BoundLaunch())
+        build(data, BoundLaunch())
     data = _launching_graph()  # a made-up address where the kernel takes a pointer
     launch_node = next(n for n in data["nodes"] if n["target"] == {"hop": wg.TRITON_LAUNCH})
     launch_node["kwargs"]["kwargs"]["$dict"][0][1] = 140000000000
     with pytest.raises(wg.WrapperGraphError, match="as pointers"):
-        wg.build(data, BoundLaunch())
+        build(data, BoundLaunch())
 
 
 def test_diff_shows_two_wrapper_graphs_node_by_node():

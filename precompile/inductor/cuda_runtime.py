@@ -133,7 +133,7 @@ class GraphLaunch:
 
     def bind(self, kernel_idx: int) -> tuple[tuple[str, ...], tuple[str, ...], Any]:
         """``(names of the arguments the cubin takes, those of them that are pointers, run(x, y, z, *args))`` for
-        kernel ``kernel_idx``: what :func:`precompile.wrapper_graph.build` calls a launch node with directly (no
+        kernel ``kernel_idx``: what :func:`precompile.wrapper_codegen.build` calls a launch node with directly (no
         keyword dicts per call).
 
         Raises:

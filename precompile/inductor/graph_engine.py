@@ -1,8 +1,8 @@
 """The no-host-code engine: a GPU artifact's wrapper graph (data) run with its Triton kernels' cubins (data).
 
 A load builds the callable from the stored wrapper graph (:mod:`precompile.wrapper_graph`: checked against the
-allow-list, code generated here) and the kernels' ``.launch`` blobs (:mod:`precompile.inductor.cuda_runtime`:
-records checked, cubins to the CUDA driver).  Nothing the artifact carries is executed, imported or dlopen'd
+allow-list; :mod:`precompile.wrapper_codegen`: code generated from it) and the kernels' ``.launch`` blobs
+(:mod:`precompile.inductor.cuda_runtime`: records checked, cubins to the CUDA driver).  Nothing the artifact carries is executed, imported or dlopen'd
 host-side.  Like the fast path it imports neither Inductor, Dynamo, Triton nor sympy.
 """
 
@@ -12,7 +12,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from precompile import wrapper_graph
+from precompile import wrapper_codegen, wrapper_graph
 from precompile.inductor import cuda_runtime, runtime
 
 #: Largest stored wrapper graph read, bytes (a large model's is well under 1 MiB).
@@ -46,7 +46,7 @@ def load_graph(graph: bytes, launches: dict[int, bytes], *, inputs_to_check: lis
         raise ValueError(f"the wrapper graph launches kernels {sorted(missing)} that carry no launch blob")
     kernels = {i: cuda_runtime.TritonKernel(*cuda_runtime.read_launch(blob, f"kernel {i}"), grid_launcher=False)
                for i, blob in launches.items() if i in named}
-    fn = wrapper_graph.build(data, cuda_runtime.GraphLaunch(kernels))
+    fn = wrapper_codegen.build(data, cuda_runtime.GraphLaunch(kernels))
     single = _single_output(data)
 
     def call(flat: list[Any]) -> tuple[Any, ...]:
