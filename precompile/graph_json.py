@@ -28,6 +28,12 @@ from precompile.errors import UnserializableGraphError
 
 GRAPH_SCHEMA = 1
 
+#: Tagged torch enums by tag, then by name, read once from ``vars(torch)``: a stored name is looked up here, never
+#: through ``getattr(torch, name)``, which may import a submodule.
+TORCH_NAMES: dict[str, dict[str, Any]] = {
+    tag: {n: v for n, v in vars(torch).items() if isinstance(v, kind)}
+    for tag, kind in (("$dtype", torch.dtype), ("$layout", torch.layout), ("$memory_format", torch.memory_format))}
+
 # ------------------------------------------------------------------------------------------ serialization
 
 
@@ -128,9 +134,14 @@ def _encode_arg(value: Any, node: torch.fx.Node, index: dict[torch.fx.Node, int]
     )
 
 
-def _decode_arg(value: Any, nodes: list[torch.fx.Node]) -> Any:
+def decode_arg(value: Any, nodes: list[torch.fx.Node]) -> Any:
+    """One stored argument (the form :func:`graph_to_json` writes) as a value; ``{"$node": i}`` is ``nodes[i]``.
+
+    Raises:
+        ValueError: an unknown tag.  KeyError: a dtype, layout or memory format this torch lacks.
+    """
     if isinstance(value, list):
-        return [_decode_arg(v, nodes) for v in value]
+        return [decode_arg(v, nodes) for v in value]
     if not isinstance(value, dict):
         return value
     (tag, payload), = value.items()
@@ -140,20 +151,20 @@ def _decode_arg(value: Any, nodes: list[torch.fx.Node]) -> Any:
         return float(payload)
     if tag == "$complex":
         return complex(payload[0], payload[1])
-    if tag in ("$dtype", "$layout", "$memory_format"):
-        return getattr(torch, payload)
+    if tag in TORCH_NAMES:
+        return TORCH_NAMES[tag][payload]
     if tag == "$device":
         return torch.device(payload)
     if tag == "$size":
-        return torch.Size(_decode_arg(payload, nodes))
+        return torch.Size(decode_arg(payload, nodes))
     if tag == "$slice":
-        return slice(*_decode_arg(payload, nodes))
+        return slice(*decode_arg(payload, nodes))
     if tag == "$ellipsis":
         return Ellipsis
     if tag == "$tuple":
-        return tuple(_decode_arg(v, nodes) for v in payload)
+        return tuple(decode_arg(v, nodes) for v in payload)
     if tag == "$dict":
-        return {_decode_arg(k, nodes): _decode_arg(v, nodes) for k, v in payload}
+        return {decode_arg(k, nodes): decode_arg(v, nodes) for k, v in payload}
     raise ValueError(f"unknown tag {tag!r} in a serialized graph")
 
 
@@ -216,8 +227,8 @@ def graph_from_json(data: dict[str, Any]) -> torch.fx.GraphModule:
     for spec in data["nodes"]:
         op = spec["op"]
         target = _decode_target(op, spec["target"])
-        args = tuple(_decode_arg(spec["args"], nodes))
-        kwargs = {k: _decode_arg(v, nodes) for k, v in spec["kwargs"].items()}
+        args = tuple(decode_arg(spec["args"], nodes))
+        kwargs = {k: decode_arg(v, nodes) for k, v in spec["kwargs"].items()}
         if op == "output":
             node = graph.output(args[0])
         else:

@@ -8,7 +8,8 @@ from typing import Any
 
 import torch
 
-from precompile.wrapper_graph import _NAMED, _TYPED, WrapperGraphError, _target, check
+from precompile.graph_json import decode_arg
+from precompile.wrapper_graph import WrapperGraphError, _target, check
 
 
 def build(data: Any, launch: Callable[..., Any] | None = None) -> Callable[..., Any]:
@@ -46,13 +47,11 @@ def build(data: Any, launch: Callable[..., Any] | None = None) -> Callable[..., 
         if spec["op"] == "output":
             body.append(f"    return {args[0] if args else 'None'}")
             break
-        target = _target(spec["target"], f"node {i}")
-        bound = None
-        if target is None:
+        target, bound = _target(spec["target"], f"node {i}"), None
+        if target is None:  # a Triton launch
             if launch is None:
                 raise WrapperGraphError(f"node {i} ({spec['name']}) launches a Triton kernel and no launcher was given")
-            bound = _bind(spec, launch, scope, f"node {i} ({spec['name']})")
-            target = launch
+            target, bound = launch, _bind(spec, launch, scope, f"node {i} ({spec['name']})")
         if bound is not None:
             body.append(f"    v{i} = {bound}")
         else:
@@ -137,29 +136,5 @@ def _render(value: Any, scope: dict[str, Any]) -> str:
         inner = ", ".join(_render(v, scope) for v in payload)
         return f"{name}([{inner}])" if tag == "$size" else f"{name}({inner})"
     name = f"c{len(scope)}"
-    scope[name] = _decode(value, [])
+    scope[name] = decode_arg(value, [])
     return name
-
-
-def _decode(value: Any, nodes: list[torch.fx.Node]) -> Any:
-    """One checked argument as a value (:func:`check` ran first)."""
-    if isinstance(value, list):
-        return [_decode(v, nodes) for v in value]
-    if not isinstance(value, dict):
-        return value
-    (tag, payload), = value.items()
-    if tag == "$node":
-        return nodes[payload]
-    if tag == "$float":
-        return float(payload)
-    if tag in _TYPED:
-        return _NAMED[tag][payload]
-    if tag == "$device":
-        return torch.device(payload)
-    if tag == "$size":
-        return torch.Size(_decode(payload, nodes))
-    if tag == "$slice":
-        return slice(*_decode(payload, nodes))
-    if tag == "$tuple":
-        return tuple(_decode(v, nodes) for v in payload)
-    return {_decode(k, nodes): _decode(v, nodes) for k, v in payload}

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from precompile.graph_json import GRAPH_SCHEMA, graph_to_json
+from precompile.graph_json import GRAPH_SCHEMA, TORCH_NAMES, graph_to_json
 
 #: Python functions a wrapper graph may call, by the name :func:`precompile.graph_json.graph_to_json` stores.
 ALLOWED_FUNCTIONS: dict[str, Callable[..., Any]] = {
@@ -67,10 +67,6 @@ MAX_NODES = 100_000
 MAX_DEPTH = 8
 MAX_ITEMS = 4096
 MAX_STRING = 256
-_TYPED = {"$dtype": torch.dtype, "$layout": torch.layout, "$memory_format": torch.memory_format}
-#: torch's dtypes, layouts and memory formats by name, read once from ``vars(torch)`` (a stored name is looked up
-#: here, never through ``getattr(torch, name)``, which may import a submodule)
-_NAMED = {tag: {n: v for n, v in vars(torch).items() if isinstance(v, kind)} for tag, kind in _TYPED.items()}
 #: functions whose arguments must be plain integers or node references (size arithmetic, no list or string tricks)
 _ARITHMETIC = frozenset(n for n in ALLOWED_FUNCTIONS if n.startswith("_operator:") and n != "_operator:getitem") | {
     "torch:sym_max", "torch:sym_min"}
@@ -199,8 +195,8 @@ def _value(value: Any, index: int, where: str, depth: int) -> None:
     elif tag == "$float":
         if payload not in ("inf", "-inf", "nan"):
             raise WrapperGraphError(f"{where}: tagged float {str(payload)[:20]!r}")
-    elif tag in _TYPED:
-        if not (isinstance(payload, str) and payload in _NAMED[tag]):
+    elif tag in TORCH_NAMES:
+        if not (isinstance(payload, str) and payload in TORCH_NAMES[tag]):
             raise WrapperGraphError(f"{where}: {tag[1:]} {str(payload)[:40]!r} is not one of torch's")
     elif tag == "$device":
         try:

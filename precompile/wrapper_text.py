@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from precompile.wrapper_codegen import _decode
+from precompile.graph_json import decode_arg
 from precompile.wrapper_graph import check
 
 
@@ -46,4 +46,4 @@ def _show(value: Any, names: dict[int, str]) -> str:
         return "slice(" + ", ".join(_show(v, names) for v in payload) + ")"
     if tag == "$dict":
         return "{" + ", ".join(f"{_show(k, names)}: {_show(v, names)}" for k, v in payload) + "}"
-    return str(_decode(value, []))
+    return str(decode_arg(value, []))

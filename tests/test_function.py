@@ -205,3 +205,23 @@ def test_manifest_parse_refuses_unsafe_and_oversized_entries():
         FunctionManifest.from_dict({**good, "parts": {"dynamo": "b" * 64}})
     with pytest.raises(ArtifactFormatError, match="not a whole-function manifest"):
         FunctionManifest.from_dict({**good, "kind": "graph"})
+
+
+def test_required_no_host_code_makes_a_function_artifact_a_counted_miss_never_unpickled(tmp_path, user_module):
+    built, _ = _run(tmp_path, "net", "build")
+    assert built["outcome"] == "built"
+    from cache_backends.registry import open_cache
+
+    cache = open_cache(f"file://{tmp_path / 'cache'}")
+    fkey = next(k for k, d in cache.iter_refs() if json.loads(cache.get_blob(d)).get("kind") == "function")
+    marker = tmp_path / "pwned"
+    evil = bytes.fromhex(run_python(MALICIOUS.format(marker=str(marker))).strip())
+    doc = json.loads(cache.get_blob(cache.get_ref(fkey)))
+    part = cache.put_blob(evil)
+    doc["blobs"] = {part: {"size": len(evil), "role": "dynamo"}}
+    doc["parts"]["dynamo"] = part  # unsigned, self-consistent: without the flag a worker would unpickle it
+    cache.set_ref(fkey, cache.put_blob(json.dumps(doc).encode()))
+    served, _ = _run(tmp_path, "net", "served", env={"PRECOMPILE_REQUIRE_NO_HOST_CODE": "1"})
+    assert not marker.exists(), "the Dynamo part was unpickled although no host code is allowed"
+    assert served["outcome"] == "built" and served["close"]  # a miss: traced and compiled here instead
+    assert cache.stats().get("host_code_refused", 0) >= 1

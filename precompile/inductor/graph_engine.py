@@ -40,7 +40,8 @@ def load_graph(graph: bytes, launches: dict[int, bytes], *, inputs_to_check: lis
     except (ValueError, RecursionError) as err:
         raise wrapper_graph.WrapperGraphError(f"the wrapper graph is not JSON (or nested too deep): {err}") from err
     wrapper_graph.check(data)
-    named = {kw.get("kernel_idx") for n in data["nodes"] for kw in [_launch_kwargs(n)] if kw is not None}
+    named = {n["kwargs"]["kernel_idx"] for n in data["nodes"]
+             if n["op"] == "call_function" and n["target"] == {"hop": wrapper_graph.TRITON_LAUNCH}}
     missing = named - set(launches)
     if missing:
         raise ValueError(f"the wrapper graph launches kernels {sorted(missing)} that carry no launch blob")
@@ -54,13 +55,6 @@ def load_graph(graph: bytes, launches: dict[int, bytes], *, inputs_to_check: lis
         return (out,) if single else tuple(out)
 
     return runtime.wrap_call(call, inputs_to_check=list(inputs_to_check), mutated=list(mutated))
-
-
-def _launch_kwargs(node: dict[str, Any]) -> dict[str, Any] | None:
-    """A launch node's ``kernel_idx`` (as ``{"kernel_idx": i}``), or None for any other node."""
-    if node["op"] != "call_function" or node["target"] != {"hop": wrapper_graph.TRITON_LAUNCH}:
-        return None
-    return {"kernel_idx": node["kwargs"].get("kernel_idx")}
 
 
 def _single_output(data: dict[str, Any]) -> bool:
