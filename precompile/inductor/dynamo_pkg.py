@@ -136,8 +136,42 @@ def optimize(fn: Callable[..., Any], backend: Callable[..., Any], package: Any, 
         dynamic, fullgraph: as ``torch.compile``'s.
         guard_export: called with each compiled frame's guards (a ``GuardsSet``), to describe them.
     """
-    return torch._dynamo.optimize(backend, nopython=fullgraph, dynamic=dynamic, package=package,
-                                  guard_filter_fn=portable_guards, guard_export_fn=guard_export)(fn)
+    from torch._dynamo import eval_frame
+
+    with _OPTIMIZE_LOCK:  # another thread's torch.compile meanwhile gets torch's own get_compiler_fn
+        original = eval_frame.get_compiler_fn
+        eval_frame.get_compiler_fn = lambda f: _LazyDebugBackend(f) if f is backend else original(f)
+        try:
+            return torch._dynamo.optimize(backend, nopython=fullgraph, dynamic=dynamic, package=package,
+                                          guard_filter_fn=portable_guards, guard_export_fn=guard_export)(fn)
+        finally:
+            eval_frame.get_compiler_fn = original
+
+
+_OPTIMIZE_LOCK = threading.Lock()
+
+
+class _LazyDebugBackend:
+    """What ``torch._dynamo.eval_frame.get_compiler_fn`` makes of a backend (``WrapBackendDebug``, the hook of
+    Dynamo's minifier), built at the backend's first call instead of up front.
+
+    ``get_compiler_fn`` imports ``torch._dynamo.repro.after_dynamo``, which pulls in functorch's AOT autograd and
+    Dynamo's testing helpers: about 0.2 s of a warm start (CPU) that a stored function whose guards pass never
+    needs.  The wrapper is built the first time a graph is compiled (a build or a retrace), so ``repro_after`` and
+    the minifier behave as under ``torch.compile``.
+    """
+
+    def __init__(self, compiler_fn: Callable[..., Any]) -> None:
+        functools.wraps(compiler_fn)(self)
+        self._torchdynamo_orig_backend = compiler_fn
+        self._wrapped: Any = None
+
+    def __call__(self, gm: Any, example_inputs: Any, **kwargs: Any) -> Any:
+        if self._wrapped is None:
+            from torch._dynamo.repro.after_dynamo import wrap_backend_debug
+
+            self._wrapped = wrap_backend_debug(self._torchdynamo_orig_backend, None)
+        return self._wrapped(gm, example_inputs, **kwargs)
 
 
 def backend_name(gm: torch.fx.GraphModule) -> str:
