@@ -148,6 +148,25 @@ def vllm_platform_enabled() -> bool:
     raise ConfigError(f"PRECOMPILE_VLLM_PLATFORM must be 1 or 0 (true/false, yes/no, on/off), got {raw!r}")
 
 
+def vllm_registry_enabled() -> bool:
+    """``PRECOMPILE_VLLM_REGISTRY``: whether vLLM's model-registry facts travel through precompile's cache
+    (:mod:`precompile.integrations.vllm_registry`).  ``1``/``true``/``yes``/``on``: yes; ``0``/``false``/``no``/
+    ``off``: no; unset or empty: yes when ``PRECOMPILE_CACHE`` names a cache (a fleet's), no for the local default
+    (vLLM keeps the same facts on the same disk).
+
+    Raises:
+        ConfigError: the variable holds another value.
+    """
+    raw = os.environ.get("PRECOMPILE_VLLM_REGISTRY", "").strip()
+    if raw == "":
+        return bool(os.environ.get("PRECOMPILE_CACHE", "").strip())
+    if raw.lower() in ("1", "true", "yes", "on"):
+        return True
+    if raw.lower() in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"PRECOMPILE_VLLM_REGISTRY must be 1 or 0 (true/false, yes/no, on/off), got {raw!r}")
+
+
 def signing_key_path() -> str | None:
     """Path of the Ed25519 private key (PEM) manifests are signed with, from ``PRECOMPILE_SIGNING_KEY``."""
     return os.environ.get("PRECOMPILE_SIGNING_KEY", "").strip() or None

@@ -241,9 +241,10 @@ class Policy:
 
 def signed_message(doc: dict[str, Any]) -> bytes:
     """The bytes a manifest's signature signs: :data:`DOMAIN` + canonical JSON of every manifest field but
-    ``signature`` (fields a reader does not know are left out: it never uses them).  A manifest with a ``kind``
-    (a whole-function artifact's) is signed over :class:`~precompile.function.manifest.FunctionManifest`'s fields;
-    any other kind than ``"function"`` then fails its parse before anything of it is used.
+    ``signature`` (fields a reader does not know are left out: it never uses them).  A record (``"kind":
+    "record"``) is signed over :class:`~precompile.record.RecordManifest`'s fields; a manifest with another
+    ``kind`` (a whole-function artifact's) over :class:`~precompile.function.manifest.FunctionManifest`'s, and any
+    kind but ``"function"`` then fails its parse before anything of it is used.
 
     Raises:
         ValueError: the manifest holds a value JSON cannot carry (NaN).
@@ -251,7 +252,11 @@ def signed_message(doc: dict[str, Any]) -> bytes:
     from precompile.manifest import Manifest
 
     fields: tuple[str, ...] = Manifest._FIELDS
-    if doc.get("kind") is not None:  # a whole-function manifest: its own fields, its kind among them
+    if doc.get("kind") == "record":  # a record (precompile.record): its own fields, its kind among them
+        from precompile.record import RecordManifest
+
+        fields = RecordManifest._FIELDS
+    elif doc.get("kind") is not None:  # a whole-function manifest: its own fields, its kind among them
         from precompile.function.manifest import FunctionManifest
 
         fields = FunctionManifest._FIELDS

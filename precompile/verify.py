@@ -136,10 +136,13 @@ def _check_ref(cache: Cache, ref: StoredRef, intact: dict[str, int], canonical_g
     try:
         from precompile.function.manifest import FunctionManifest, is_function_doc
         from precompile.manifest import load_json
+        from precompile.record import RecordManifest, is_record_doc
 
         doc = load_json(raw)
         if is_function_doc(doc):
             manifest = FunctionManifest.from_dict(doc)  # type: ignore[assignment]
+        elif is_record_doc(doc):
+            manifest = RecordManifest.from_dict(doc)  # type: ignore[assignment]
         else:
             manifest = Manifest.from_dict(doc)
     except ArtifactFormatError as err:
@@ -156,7 +159,8 @@ def _check_ref(cache: Cache, ref: StoredRef, intact: dict[str, int], canonical_g
         role = (manifest.blobs.get(lost[0]) or {}).get("role", "a part")
         return "bad part", f"{len(lost)} of its {len(manifest.blobs)} parts are missing or damaged (e.g. {role})"
     # a whole-function artifact names its graphs by key: they are refs of their own, checked as such
-    graph = (manifest.parts.get("fx_graph") or {}).get("graph") if isinstance(manifest.parts, dict) else None
+    parts = getattr(manifest, "parts", None)  # a record has none
+    graph = (parts.get("fx_graph") or {}).get("graph") if isinstance(parts, dict) else None
     if isinstance(graph, str):
         data = _read(cache, graph)
         try:

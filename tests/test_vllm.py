@@ -73,6 +73,62 @@ def test_platform_plugin_and_backend_entry_points(tmp_path):
                    "compiler": "PrecompileAdaptor", "sizes": []}
 
 
+_INSPECT = (
+    "import dataclasses, json\n"
+    "from vllm.plugins import load_general_plugins\n"
+    "load_general_plugins()\n"
+    "from vllm.model_executor.models import registry\n"
+    "runs = []\n"
+    "original = registry._run_in_subprocess\n"
+    "registry._run_in_subprocess = lambda fn: runs.append(1) or original(fn)\n"
+    "mi = registry.ModelRegistry.models['Qwen2ForCausalLM'].inspect_model_cls()\n"
+    "print(json.dumps({'subprocesses': len(runs), 'modelinfo': dataclasses.asdict(mi)}))\n"
+)
+
+
+def test_registry_modelinfo_travels_through_the_cache(tmp_path):
+    """vLLM's model inspection (a subprocess) runs once in a fleet: a machine with an empty vLLM cache dir gets the
+    modelinfo from precompile's cache as a record, writes it where vLLM reads it, and needs no subprocess.  A record
+    whose modelinfo names a field vLLM does not have is refused: vLLM inspects the class itself."""
+    import hashlib
+
+    from cache_backends.registry import open_cache
+    from precompile import record
+
+    from importlib.metadata import entry_points
+
+    assert [ep.value for ep in entry_points(group="vllm.general_plugins") if ep.name == "precompile_registry"] == [
+        "precompile.integrations.vllm_registry:register"]
+    cache = "file://" + str(tmp_path / "pc")
+
+    def inspect_on(machine: str) -> dict:
+        env = {"VLLM_CACHE_ROOT": str(tmp_path / machine), "PRECOMPILE_CACHE": cache, "HF_HUB_OFFLINE": "1"}
+        proc = subprocess.run([sys.executable, "-c", _INSPECT], env=python_env(env), cwd=REPO, capture_output=True,
+                              text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-6000:]
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    first = inspect_on("a")
+    assert first["subprocesses"] == 1 and first["modelinfo"]["is_text_generation_model"] is True
+    assert open_cache(cache).counters().get("record_writes") == 1
+    second = inspect_on("b")
+    assert second == {"subprocesses": 0, "modelinfo": first["modelinfo"]}
+    assert open_cache(cache).counters().get("record_hits") == 1
+    assert len(list((tmp_path / "b" / "modelinfos").glob("*.json"))) == 1  # vLLM's own file, for its next start
+    # a record planted with a field vLLM's _ModelInfo does not have: refused, vLLM inspects the class itself
+    c = open_cache(cache)
+    (key, digest), = list(c.iter_refs())
+    doc = json.loads(c.get_blob(digest))
+    doc["data"]["modelinfo"]["planted"] = True
+    raw = json.dumps(doc).encode()
+    c.set_ref(key, c.put_blob(raw))
+    assert hashlib.sha256(raw).hexdigest() == c.get_ref(key)
+    third = inspect_on("c")
+    assert third == {"subprocesses": 1, "modelinfo": first["modelinfo"]}
+    # the refused record was replaced by the one this inspection stored
+    assert "planted" not in record.read(c, key, "vllm_modelinfo").data["modelinfo"]
+
+
 @pytest.mark.slow
 def test_real_vllm_cold_then_fresh_process_hits_everything(tmp_path):
     """Cold start compiles into an empty cache; a fresh start with empty vLLM and Inductor dirs (a new machine) hits
@@ -99,6 +155,8 @@ def test_real_vllm_cold_then_fresh_process_hits_everything(tmp_path):
     assert "stored vLLM's AOT artifact" in cold["log"]
     assert "restored from the cache and loaded" in warm["log"], warm["log"][-3000:]
     assert "Dynamo frames traced in this process: 0" in warm["log"], warm["log"][-3000:]
+    # vLLM's model inspection ran on the cold start only: the new machine got its modelinfo from the cache
+    assert after_cold["record_writes"] == 1 and after_warm["record_hits"] == 1, (after_cold, after_warm)
 
 
 @pytest.mark.slow

@@ -27,6 +27,11 @@ def ls_cmd(cache_url: str | None, as_json: bool) -> None:
         if m.get("kind") == "function":
             items.append(_function_item(key, m))
             continue
+        if m.get("kind") == "record":
+            items.append({"key": key, "kind": "record", "purpose": str(m.get("purpose")),
+                          "about": str((m.get("factors") or {}).get("about", ""))[:80],
+                          "created": (m.get("build") or {}).get("created")})
+            continue
         devices = sorted({p.get("device") for p in m["placeholders"] if p.get("device")})
         user = [p for p in m["placeholders"] if p["kind"] == "user_input"]
         items.append({
@@ -45,7 +50,9 @@ def ls_cmd(cache_url: str | None, as_json: bool) -> None:
     from rich.table import Table
 
     functions = sum(1 for it in items if it.get("kind") == "function")
-    table = Table(title=f"{len(items)} artifacts in {cache.url}: {len(items) - functions} graph, {functions} function",
+    records = sum(1 for it in items if it.get("kind") == "record")
+    table = Table(title=f"{len(items)} artifacts in {cache.url}: {len(items) - functions - records} graph, "
+                        f"{functions} function" + (f", {records} records" if records else ""),
                   caption="bytes: each artifact's parts, uncompressed (artifacts share blobs; `stats` shows what is "
                           "stored)")
     for col in ("key", "inputs", "device", "engine", "kernels", "bytes", "build s", "options", "created"):
@@ -53,6 +60,10 @@ def ls_cmd(cache_url: str | None, as_json: bool) -> None:
     for it in items:
         if "error" in it:
             table.add_row(it["key"][:16], f"[red]{it['error']}", "", "", "", "", "", "", "")
+            continue
+        if it["kind"] == "record":
+            table.add_row(it["key"][:16], f"[magenta]record[/] {it['purpose']}: {it['about']}", "", "", "", "", "",
+                          "", (it["created"] or "")[:19])
             continue
         if it["kind"] == "function":
             table.add_row(it["key"][:16], f"[cyan]function[/] {it['function']}", ",".join(it["devices"]),
@@ -104,6 +115,14 @@ def inspect(target: str, cache_url: str | None, as_json: bool, show_wrapper: boo
         from precompile.cli.function_view import show_function
 
         show_function(m, where)
+        return
+    if m.get("kind") == "record":
+        from precompile.trust import describe
+
+        console().print(f"record {m.get('key')} (from {where}): {m.get('purpose')}, written "
+                        f"{(m.get('build') or {}).get('created')}", markup=False)
+        console().print(describe(m), markup=False)
+        click.echo(json.dumps({"factors": m.get("factors"), "data": m.get("data")}, indent=1, sort_keys=True))
         return
     from rich.table import Table
 

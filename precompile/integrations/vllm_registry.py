@@ -1,0 +1,194 @@
+"""vLLM's model-registry facts kept in precompile's cache: a new machine skips vLLM's model inspection.
+
+Before a vLLM start builds anything, its model registry inspects the model's class (``_ModelInfo``: is it a text
+generation model, does it support pipeline parallelism, ...) in a subprocess that imports vLLM, torch and the model
+module: about 7 s on CPU.  vLLM keeps the answer at ``$VLLM_CACHE_ROOT/modelinfos/<module>-<class>.json``, keyed
+by the hash of the model module's source, on one machine's disk.  This module keeps the same JSON in precompile's
+cache as a record (:mod:`precompile.record`, purpose ``vllm_modelinfo``), so that a new machine of the fleet finds
+it there:
+
+- before vLLM reads its file: if vLLM finds nothing, the record for the same class and module hash is read from
+  the cache (signature, structure and bounds checked), its fields checked against vLLM's ``_ModelInfo`` (names
+  and JSON types; nothing is run), and written to the path vLLM reads, in vLLM's own format, atomically; then
+  vLLM reads it as it reads its own.  The path is vLLM's, never the cache's;
+- after vLLM writes a new file (its subprocess ran): the same JSON is stored as a record.
+
+It is a ``vllm.general_plugins`` entry point (vLLM loads those early in every process), active where
+:func:`precompile.config.vllm_registry_enabled` says so: by default where ``PRECOMPILE_CACHE`` names a cache.  A
+vLLM without the functions it wraps is left alone.  A cache failure leaves vLLM's own behaviour.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+from datetime import datetime, timezone
+from typing import Any
+
+from precompile import __version__, config
+
+log = logging.getLogger("precompile")
+
+PURPOSE = "vllm_modelinfo"
+#: Bounds on a modelinfo's fields: far above vLLM's (two dozen booleans and short names).
+MAX_FIELDS = 256
+MAX_TEXT = 256
+_installed = False
+
+
+def register() -> None:
+    """Entry point of group ``vllm.general_plugins``: wrap vLLM's model-registry cache once per process.
+
+    Never raises: vLLM logs a raising plugin and goes on without it; this function logs why it stays out."""
+    global _installed
+    if _installed:
+        return
+    from precompile.errors import ConfigError
+
+    try:
+        if not config.vllm_registry_enabled():
+            return
+    except ConfigError as err:
+        log.warning("precompile's vLLM registry plugin is inactive: %s", err)
+        return
+    try:
+        from vllm.model_executor.models.registry import _LazyRegisteredModel
+    except ImportError as err:
+        log.info("precompile's vLLM registry plugin is inactive: %s", err)
+        return
+    load = getattr(_LazyRegisteredModel, "_load_modelinfo_from_cache", None)
+    save = getattr(_LazyRegisteredModel, "_save_modelinfo_to_cache", None)
+    if not (callable(load) and callable(save) and callable(getattr(_LazyRegisteredModel, "_get_cache_dir", None))):
+        log.info("this vLLM's model registry has no modelinfo cache functions; precompile leaves it alone")
+        return
+
+    def _load_modelinfo_from_cache(self: Any, module_hash: str) -> Any:
+        mi = load(self, module_hash)
+        if mi is None and restore(self, module_hash):
+            mi = load(self, module_hash)
+        return mi
+
+    def _save_modelinfo_to_cache(self: Any, mi: Any, module_hash: str) -> None:
+        save(self, mi, module_hash)
+        publish(self, mi, module_hash)
+
+    for name, fn, original in (("_load_modelinfo_from_cache", _load_modelinfo_from_cache, load),
+                               ("_save_modelinfo_to_cache", _save_modelinfo_to_cache, save)):
+        fn.__wrapped__ = original  # type: ignore[attr-defined]
+        fn.__doc__ = original.__doc__
+        setattr(_LazyRegisteredModel, name, fn)
+    _installed = True
+
+
+def factors(entry: Any, module_hash: str) -> dict[str, Any]:
+    """The key factors of the record of ``entry`` (vLLM's ``_LazyRegisteredModel``) at ``module_hash``."""
+    import vllm
+
+    return {"format": config.FORMAT_VERSION, "kind": "record", "purpose": PURPOSE,
+            "about": f"{entry.module_name}.{entry.class_name}", "module_hash": str(module_hash),
+            "vllm": vllm.__version__}
+
+
+def check_modelinfo(data: Any) -> dict[str, Any]:
+    """``data`` if it can be a vLLM ``_ModelInfo``'s fields: an object whose names are all ``_ModelInfo`` fields
+    and whose values are booleans, short strings, or lists of short strings.
+
+    Raises:
+        ValueError: it cannot; the message says what is wrong.
+    """
+    from vllm.model_executor.models.registry import _ModelInfo
+
+    names = {f.name for f in dataclasses.fields(_ModelInfo)}
+    if not isinstance(data, dict) or len(data) > MAX_FIELDS:
+        raise ValueError(f"not an object of at most {MAX_FIELDS} fields")
+    for name, value in data.items():
+        if name not in names:
+            raise ValueError(f"{str(name)[:80]!r} is not a field of this vLLM's _ModelInfo")
+        items = value if isinstance(value, list) else [value]
+        if len(items) > MAX_FIELDS or not all(isinstance(v, (bool, str)) and len(str(v)) <= MAX_TEXT for v in items):
+            raise ValueError(f"field {name} holds a value that is not a boolean, a short string or a list of them")
+    missing = names - set(data)
+    if missing:
+        raise ValueError(f"fields {sorted(missing)[:3]} are missing")
+    return data
+
+
+def restore(entry: Any, module_hash: str) -> bool:
+    """Write the record of ``entry`` at ``module_hash`` where vLLM reads its modelinfo; False on a miss (logged)."""
+    from precompile import record
+    from precompile.cache_io import safe_incr
+
+    cache = _cache()
+    if cache is None:
+        return False
+    try:
+        found = record.read(cache, record.record_key(factors(entry, module_hash)), PURPOSE)
+        if found is None:
+            safe_incr(cache, record_misses=1)
+            return False
+        modelinfo = check_modelinfo(found.data.get("modelinfo"))
+        if found.data.get("hash") != module_hash:
+            raise ValueError("it names another module hash")
+    except ValueError as err:
+        log.warning("the vLLM modelinfo record of %s.%s is unusable (%s); vLLM inspects the class itself",
+                    entry.module_name, entry.class_name, err)
+        return False
+    except Exception as err:  # noqa: BLE001 - a cache failure leaves vLLM's own behaviour
+        log.warning("precompile could not read vLLM's modelinfo record (%s: %s)", type(err).__name__, err)
+        return False
+    path = os.path.join(entry._get_cache_dir(), entry._get_cache_filename())
+    tmp = f"{path}.{os.getpid()}.precompile.tmp"
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump({"hash": module_hash, "modelinfo": modelinfo}, f, indent=2)
+        os.replace(tmp, path)
+    except OSError as err:
+        log.warning("cannot write vLLM's modelinfo to %s (%s); vLLM inspects the class itself", path, err)
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        return False
+    safe_incr(cache, record_hits=1)
+    log.info("vLLM modelinfo of %s.%s restored from the cache (record %s)", entry.module_name, entry.class_name,
+             found.key[:12])
+    return True
+
+
+def publish(entry: Any, mi: Any, module_hash: str) -> bool:
+    """Store vLLM's modelinfo ``mi`` of ``entry`` as a record; False if it was not stored (logged)."""
+    from precompile import record
+    from precompile.cache_io import safe_incr
+
+    cache = _cache()
+    if cache is None:
+        return False
+    try:
+        data = {"hash": module_hash, "modelinfo": check_modelinfo(json.loads(json.dumps(dataclasses.asdict(mi))))}
+        f = factors(entry, module_hash)
+        stored = record.write(cache, record.RecordManifest(
+            key=record.record_key(f), purpose=PURPOSE, factors=f, data=data,
+            build={"created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "precompile": __version__}))
+    except Exception as err:  # noqa: BLE001 - a record that cannot be stored leaves vLLM's own behaviour
+        log.warning("precompile could not store vLLM's modelinfo of %s.%s (%s: %s)", entry.module_name,
+                    entry.class_name, type(err).__name__, err)
+        return False
+    if stored is not None:
+        safe_incr(cache, record_writes=1)
+        log.info("stored vLLM's modelinfo of %s.%s as record %s", entry.module_name, entry.class_name,
+                 stored.key[:12])
+    return stored is not None
+
+
+def _cache() -> Any:
+    from cache_backends.registry import open_cache
+    from precompile.errors import CacheError
+
+    try:
+        return open_cache(None)
+    except CacheError as err:
+        log.warning("precompile cache cannot be opened (%s); vLLM's modelinfo stays on local disk", err)
+        return None
