@@ -38,7 +38,7 @@ def build(data: Any, launch: Callable[..., Any] | None = None) -> Callable[..., 
     for j, last in last_use.items():
         if nodes[j]["op"] != "placeholder":
             released.setdefault(last, []).append(j)
-    params, body = [], []
+    params, body, streams = [], [], {}
     for i, spec in enumerate(nodes):
         if spec["op"] == "placeholder":
             params.append(f"v{i}")
@@ -51,26 +51,32 @@ def build(data: Any, launch: Callable[..., Any] | None = None) -> Callable[..., 
         if target is None:  # a Triton launch
             if launch is None:
                 raise WrapperGraphError(f"node {i} ({spec['name']}) launches a Triton kernel and no launcher was given")
-            target, bound = launch, _bind(spec, launch, scope, f"node {i} ({spec['name']})")
+            target, bound = launch, _bind(spec, launch, scope, streams, f"node {i} ({spec['name']})")
         if bound is not None:
             body.append(f"    v{i} = {bound}")
         else:
-            scope[f"t{i}"] = target
+            # an aten overload's __call__ is ``return self._op(*args, **kwargs)``: call its C++ entry directly
+            op = getattr(target, "_op", None) if type(target) is torch._ops.OpOverload else None
+            scope[f"t{i}"] = op if callable(op) else target
             kwargs = [f"{k}={_render(v, scope)}" for k, v in spec["kwargs"].items()]
             body.append(f"    v{i} = t{i}({', '.join([*args, *kwargs])})")
         dead = released.get(i, []) + ([i] if i not in last_use else [])
         if dead:
             body.append("    " + " = ".join(f"v{j}" for j in dead) + " = None")
-    code = "\n".join([f"def wrapper({', '.join(params)}):", *body])
+    # each device's current stream, read once per call (as Inductor's Python wrapper does)
+    head = [f"    s{d} = {name}({d})" for d, name in streams.items()]
+    code = "\n".join([f"def wrapper({', '.join(params)}):", *head, *body])
     exec(compile(code, "<precompile wrapper graph>", "exec"), scope)  # noqa: S102 - generated here from checked data
     return scope["wrapper"]
 
 
-def _bind(spec: dict[str, Any], launch: Any, scope: dict[str, Any], where: str) -> str | None:
-    """A launch node as one direct call, ``k<n>(grid_x, grid_y, grid_z, *cubin arguments)``, where the launcher
-    offers ``bind(kernel_idx) -> (names of the arguments the cubin takes, the names among them that are pointers,
-    run(x, y, z, *args))`` and the node
-    is plain (one grid, no side-table constants or TMA descriptors); else None (the generic keyword call)."""
+def _bind(spec: dict[str, Any], launch: Any, scope: dict[str, Any], streams: dict[int, str],
+          where: str) -> str | None:
+    """A launch node as one direct call, ``k<n>(s<device>, grid_x, grid_y, grid_z, *cubin arguments)``, where the
+    launcher offers ``bind(kernel_idx) -> (names of the arguments the cubin takes, the names among them that are
+    pointers, run(stream, x, y, z, *args), device index)`` and ``stream(device) -> the raw current stream``, and
+    the node is plain (one grid, no side-table constants or TMA descriptors); else None (the generic keyword call).
+    ``streams`` collects ``{device: name of the stream function in scope}`` for the wrapper's first lines."""
     if not hasattr(launch, "bind"):
         return None
     kw = spec["kwargs"]
@@ -80,7 +86,7 @@ def _bind(spec: dict[str, Any], launch: Any, scope: dict[str, Any], where: str) 
             and kw.get("tma_descriptor_metadata") in ({"$dict": []}, None)):
         return None
     try:
-        passed, pointers, run = launch.bind(idx)
+        passed, pointers, run, device = launch.bind(idx)
     except KeyError:
         raise WrapperGraphError(f"{where} launches kernel {idx}, which has no launch record") from None
     values = {k: v for k, v in named["$dict"]}
@@ -91,10 +97,15 @@ def _bind(spec: dict[str, Any], launch: Any, scope: dict[str, Any], where: str) 
     bad = [a for a in pointers if not (values[a] is None or isinstance(values[a], dict) and "$node" in values[a])]
     if bad:
         raise WrapperGraphError(f"{where} passes {bad} as pointers, which are not tensors of the graph")
+    if not isinstance(device, int) or isinstance(device, bool):
+        raise WrapperGraphError(f"{where}: the launcher names device {device!r}, not an index")
+    if device not in streams:
+        streams[device] = f"g{len(scope)}"
+        scope[streams[device]] = launch.stream
     name = f"k{len(scope)}"
     scope[name] = run
     args = [_render(v, scope) for v in grid[0]["$tuple"]] + [_render(values[a], scope) for a in passed]
-    return f"{name}({', '.join(args)})"
+    return f"{name}({', '.join([f's{device}', *args])})"
 
 
 def _refs(values: list[Any]) -> list[int]:

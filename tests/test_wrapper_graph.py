@@ -144,17 +144,21 @@ class BoundLaunch:
     """A launcher offering ``bind``, as cuda_runtime.GraphLaunch does: the graph calls it directly."""
 
     def __init__(self):
-        self.calls = []
+        self.calls, self.streams = [], []
+
+    def stream(self, device):
+        self.streams.append(device)
+        return 1000 + device
 
     def bind(self, kernel_idx):
         if kernel_idx != 0:
             raise KeyError(kernel_idx)
 
-        def run(x, y, z, ptr, numel):
-            self.calls.append((x, y, z, numel))
+        def run(stream, x, y, z, ptr, numel):
+            self.calls.append((stream, x, y, z, numel))
             ptr.relu_()
 
-        return ("in_out_ptr0", "xnumel"), ("in_out_ptr0",), run
+        return ("in_out_ptr0", "xnumel"), ("in_out_ptr0",), run, 0
 
 
 def test_a_launcher_with_bind_is_called_directly_with_the_cubins_arguments_in_order():
@@ -163,7 +167,9 @@ def test_a_launcher_with_bind_is_called_directly_with_the_cubins_arguments_in_or
     x, w, b = torch.randn(5, 16), torch.randn(8, 16), torch.randn(8)
     (out,) = fn(x, w, b)
     assert torch.equal(out, torch.relu(torch.addmm(b, x, w.t())))
-    assert launch.calls == [(40, 1, 1, 40)]
+    assert launch.calls == [(1000, 40, 1, 1, 40)] and launch.streams == [0]  # the stream read once per call
+    fn(x, w, b)
+    assert launch.streams == [0, 0]
     data = _launching_graph()
     launch_node = next(n for n in data["nodes"] if n["target"] == {"hop": wg.TRITON_LAUNCH})
     launch_node["kwargs"]["kernel_idx"] = 3

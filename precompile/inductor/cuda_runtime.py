@@ -127,25 +127,29 @@ class GraphLaunch:
 
     def __init__(self, kernels: dict[int, TritonKernel]):
         self._launch = shim.static_cuda_launcher()._launch_kernel
+        #: ``stream(device index) -> the device's current raw stream``: a wrapper call reads it once per device.
+        self.stream = torch._C._cuda_getCurrentRawStream
         self._kernels = {i: (k.function, int(k.record["num_warps"]), int(k.record["shared"]), k.record["arg_tys"],
                              tuple(k.record["passed"]), int(k.record["scratch"]), int(k.record["device"]))
                          for i, k in kernels.items()}
 
-    def bind(self, kernel_idx: int) -> tuple[tuple[str, ...], tuple[str, ...], Any]:
-        """``(names of the arguments the cubin takes, those of them that are pointers, run(x, y, z, *args))`` for
-        kernel ``kernel_idx``: what :func:`precompile.wrapper_codegen.build` calls a launch node with directly (no
-        keyword dicts per call).
+    def bind(self, kernel_idx: int) -> tuple[tuple[str, ...], tuple[str, ...], Any, int]:
+        """``(names of the arguments the cubin takes, those of them that are pointers, run(stream, x, y, z,
+        *args), device index)`` for kernel ``kernel_idx``: what :func:`precompile.wrapper_codegen.build` calls a
+        launch node with directly (no keyword dicts, no argument packing per call).  ``run`` takes exactly the
+        cubin's arguments: generated from the checked record (its argument count, type codes and integers).
 
         Raises:
             KeyError: no such kernel.
         """
         function, warps, shared, tys, passed, scratch, device = self._kernels[kernel_idx]
-        launch, stream, pad = self._launch, torch._C._cuda_getCurrentRawStream, (None,) * scratch
-
-        def run(x: int, y: int, z: int, *args: Any) -> None:
-            launch(function, x, y, z, warps, shared, tys, args + pad, stream(device))
-
-        return passed, tuple(a for a, t in zip(passed, tys) if t == "O"), run
+        names = [f"a{i}" for i in range(len(passed))]
+        packed = "".join(f"{n}, " for n in names) + "None, " * scratch
+        code = (f"def run(stream, x, y, z, {''.join(n + ', ' for n in names)}):\n"
+                f"    launch(function, x, y, z, {warps}, {shared}, tys, ({packed}), stream)")
+        scope = {"launch": self._launch, "function": function, "tys": tys, "__builtins__": {}}
+        exec(compile(code, f"<precompile launch {kernel_idx}>", "exec"), scope)  # noqa: S102 - generated from ints
+        return passed, tuple(a for a, t in zip(passed, tys) if t == "O"), scope["run"], device
 
     def __call__(self, *, kernel_idx: int, constant_args_idx: int, grid: list[Any],
                  tma_descriptor_metadata: dict[str, Any], kwargs: dict[str, Any]) -> None:
