@@ -247,7 +247,8 @@ def _wrapper_graph(norm: NormalizedGraph, plan: Plan, result: Any, shapes: dict[
 
     with sdpa.priority(plan.sdpa_order):  # the attention backend the artifact's own compile used
         got = build_wrapper_graph(norm.gm, plan.compile_inputs, plan.run_inputs, plan.options, result.compiled_fn,
-                                  inputs_to_check=result.inputs_to_check, mutated=result.mutated_inputs)
+                                  inputs_to_check=result.inputs_to_check, mutated=result.mutated_inputs,
+                                  cache_dir=result.cache_dir, tuned=result.tuned)
     if isinstance(got, str):
         log.info("artifact %s keeps its Python wrapper: %s", plan.key[:12], got)
         return None, got

@@ -22,13 +22,18 @@ log = logging.getLogger("precompile.inductor")
 
 
 @contextlib.contextmanager
-def _build_cache_dir():
+def _build_cache_dir(reuse: str | None = None):
     """A fresh Inductor + Triton cache dir with in-memory code caches cleared, so the compile is complete
     (nothing reused from earlier compiles in this process or on this disk) and every product lands in it.
 
     Not :func:`precompile.inductor.portable._load_cache_dir`, which serializes loads under one per-process
-    directory and leaves Triton's cache dir and the in-memory caches alone."""
-    root = tempfile.mkdtemp(prefix="precompile-build-")
+    directory and leaves Triton's cache dir and the in-memory caches alone.
+
+    Args:
+        reuse: an earlier compile's dir (:attr:`BuildResult.cache_dir`) to compile in again, so that a second
+            compile of the same graph finds the first one's autotune picks (``.best_config`` files, GEMM choices)
+            instead of benchmarking anew; None for a fresh dir."""
+    root = reuse or tempfile.mkdtemp(prefix="precompile-build-")
     saved = {k: os.environ.get(k) for k in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = root
     os.environ["TRITON_CACHE_DIR"] = os.path.join(root, "triton")
@@ -96,12 +101,14 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], run_input
         finally:
             # every product is in memory now; C++ kernels are loaded already, but Triton may still open files
             # of the live callable lazily: then the directory goes when the process ends
+            kept: str | None = None
             if any(p.suffix in (".cubin", ".hsaco") for p in Path(root).rglob("*")):
                 atexit.register(shutil.rmtree, root, ignore_errors=True)
+                kept = root
             else:
                 shutil.rmtree(root, ignore_errors=True)
     return BuildResult(compiled_fn=compiled, engine_payload=payload, cache_files=cache_files, compile_seconds=seconds,
-                       fast_off=fast_off, multi_kernel=multi_kernel, tuned=tuned, **facts, **products)
+                       fast_off=fast_off, multi_kernel=multi_kernel, tuned=tuned, cache_dir=kept, **facts, **products)
 
 
 def _read_fx_graphs(root: str) -> list[Any]:

@@ -45,6 +45,7 @@ def wrapper_graph(gm: torch.fx.GraphModule, example_inputs: list[Any],
     Raises:
         NotExpressible: the converter refused or failed on the graph, or produced none.
     """
+    from torch._functorch import config as functorch_config
     from torch._inductor import config
     from torch._inductor.codegen import wrapper_fxir
     from torch._inductor.compile_fx import compile_fx
@@ -66,7 +67,10 @@ def wrapper_graph(gm: torch.fx.GraphModule, example_inputs: list[Any],
         wrapper_fxir.WrapperFxCodegen.compile_graph = capture
         wrapper_fxir.FxConverter.generate = capture_converter
         try:
-            with config.patch({**(options or {}), "fx_wrapper": True}), torch.no_grad():
+            # no FX graph or AOTAutograd cache: an entry of the Python wrapper's compile must not stand in for
+            # this one (the autotune picks in the cache dir are what it may reuse)
+            with config.patch({**(options or {}), "fx_wrapper": True, "fx_graph_cache": False}), \
+                    functorch_config.patch(enable_autograd_cache=False), torch.no_grad():
                 compiled = compile_fx(copy.deepcopy(gm), example_inputs)  # compile_fx rewrites the graph it gets
         except Exception as err:  # noqa: BLE001 - any converter failure means "not expressible", with its reason
             cause = err.__cause__ or err
@@ -124,11 +128,12 @@ def static_name(binary: Any) -> str:
 
 def build_wrapper_graph(gm: torch.fx.GraphModule, compile_inputs: list[Any], run_inputs: list[Any],
                         options: dict[str, Any] | None, reference: Any, *, inputs_to_check: list[int],
-                        mutated: list[int]) -> tuple[bytes, dict[int, bytes]] | str:
+                        mutated: list[int], cache_dir: str | None = None,
+                        tuned: list[dict[str, Any]] | None = None) -> tuple[bytes, dict[int, bytes]] | str:
     """A GPU graph's wrapper as data, validated: ``(wrapper graph JSON, {kernel_idx: .launch blob})``, or why
     the artifact keeps the Python wrapper.
 
-    The graph is compiled again with Inductor's FX wrapper (in a private cache dir), stored as data, loaded
+    The graph is compiled again with Inductor's FX wrapper, stored as data, loaded
     exactly as a worker would load it (:func:`precompile.inductor.graph_engine.load_graph`) and run on copies of
     ``run_inputs``; its outputs and the inputs it writes to must equal ``reference``'s (the fresh compile whose
     artifact this is) bit for bit.
@@ -136,17 +141,24 @@ def build_wrapper_graph(gm: torch.fx.GraphModule, compile_inputs: list[Any], run
     Args:
         compile_inputs: what Inductor compiles for; run_inputs: the same with concrete sizes.
         reference: the fresh compile's callable (flat inputs in, outputs out).
+        cache_dir: the reference compile's private cache dir (:attr:`BuildResult.cache_dir`), compiled in again
+            so that each kernel gets the config the reference's autotuning picked (its ``.best_config``) and each
+            GEMM the same choice; the FX converter launches a kernel's first compiled config, which is then the
+            picked one.  None: a fresh dir (the converter's first config may not be the reference's pick, and the
+            bit-equality check then keeps the Python wrapper).
+        tuned: the reference compile's GEMM/convolution benchmark records (:attr:`BuildResult.tuned`), replayed
+            so that each tuned op takes the reference's pick (:func:`precompile.inductor.picks.replaying`).
     """
     import json
 
     from precompile import wrapper_graph as wg
-    from precompile.inductor import graph_engine, runs
+    from precompile.inductor import graph_engine, picks, runs
     from precompile.inductor.compile import _build_cache_dir
     from precompile.inductor.cuda_runtime import pack_launch
     from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
 
     try:
-        with _build_cache_dir():
+        with _build_cache_dir(cache_dir), picks.replaying(tuned or []):
             graph, _, kernels = wrapper_graph(gm, compile_inputs, options)
         launches = [n for n in graph.graph.nodes if n.op == "call_function" and "triton_kernel" in str(n.target)]
         if any(kernel_side_table.get_constant_args(n.kwargs["constant_args_idx"]) for n in launches):

@@ -181,3 +181,82 @@ def _describe(node: Any) -> str:
 
 def _plain(value: Any) -> Any:
     return value if isinstance(value, (bool, int, float, str)) or value is None else str(value)
+
+
+@contextlib.contextmanager
+def replaying(tuned: list[dict[str, Any]]) -> Iterator[None]:
+    """Make a second compile of a graph take the picks its first compile's benchmarks made.
+
+    While the body compiles, a tuned op whose candidates are those of a record of ``tuned`` (the same op name and
+    the same candidates by kind and config, records taken in compile order) gets that record's times instead of
+    a new benchmark, so it picks what the first compile picked; any other op is benchmarked as usual.  Benchmark
+    times of near-equal candidates differ from run to run, so without this a second compile may pick another
+    (equally fast, numerically different) kernel.  One recording or replay at a time per process (the lock of
+    :func:`recording`).
+    """
+    with _LOCK:
+        try:
+            from torch._inductor import select_algorithm
+        except ImportError:  # pragma: no cover - a torch without Inductor
+            yield
+            return
+        cls = getattr(select_algorithm, "AlgorithmSelectorCache", None)
+        fallback = getattr(cls, "lookup", None)
+        if fallback is None or not tuned:
+            yield
+            return
+        queues: dict[str, list[dict[str, Any]]] = {}
+        for record in tuned:
+            queues.setdefault(str(record.get("op")), []).append(record)
+
+        bound: dict[tuple[str, str], dict[str, Any]] = {}  # (op, Inductor's inputs key) -> its record
+
+        def lookup(self: Any, choices: list[Any], op: str, inputs: str, benchmark: Any, *args: Any,
+                   **kwargs: Any) -> Any:
+            times = _replayed(queues.get(op) or [], choices, bound, (str(op), str(inputs)))
+            if times is None:
+                return fallback(self, choices, op, inputs, benchmark, *args, **kwargs)
+            log.debug("autotune of %s: replayed the first compile's benchmark of %d candidates", op, len(times))
+            return times
+
+        own = cls.__dict__.get("lookup")
+        cls.lookup = lookup
+        try:
+            yield
+        finally:
+            if own is None:
+                del cls.lookup
+            else:
+                cls.lookup = own
+
+
+def _key(kind: str, config: dict[str, Any]) -> tuple[str, str]:
+    return kind, repr(sorted(config.items()))
+
+
+def _replayed(queue: list[dict[str, Any]], choices: list[Any], bound: dict[tuple[str, str], dict[str, Any]],
+              site: tuple[str, str]) -> dict[Any, float] | None:
+    """``{choice: ms}`` from the record of the tuned op at ``site`` (op name, Inductor's key of its inputs), or
+    None.  A site meets its record once: the first record of ``queue`` (compile order) not bound to another site
+    whose candidates hold every one of ``choices`` and its pick among them (Inductor asks for a subset of what
+    its feedback names: the extern fallback may be left out).  Later lookups of the site (a multi-template's
+    timings) get the same record."""
+    keys = {}
+    for choice in choices:
+        name = str(getattr(choice, "name", type(choice).__name__))
+        keys[choice] = _key(_kind(choice, name), _config(choice, name))
+    if len(set(keys.values())) != len(keys):
+        return None
+    taken = [id(r) for r in bound.values()]
+    mine = bound.get(site)
+    for record in ([mine] if mine is not None else [r for r in queue if id(r) not in taken]):
+        cands = record.get("candidates") or []
+        if record.get("more"):
+            continue
+        times = {_key(c["kind"], c["config"]): c["ms"] for c in cands}
+        chosen = next((_key(c["kind"], c["config"]) for c in cands if c["choice"] == record.get("chosen")), None)
+        if not set(keys.values()) <= set(times) or chosen not in keys.values():
+            continue
+        bound[site] = record
+        return {choice: (math.inf if times[k] is None else float(times[k])) for choice, k in keys.items()}
+    return None

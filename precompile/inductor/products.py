@@ -49,6 +49,8 @@ class BuildResult:
         tuned: one record per op ``max_autotune`` benchmarked (GEMM, convolution): its candidates, their times
             and the choice taken (:mod:`precompile.inductor.picks`).
         benchmark_leftovers: ``.best_config`` files of kernels only a benchmark compiled (not picks).
+        cache_dir: the compile's private Inductor + Triton cache dir while it lives (a GPU build's, kept until the
+            process ends: it holds the autotune picks a second compile of the graph must reuse), else None.
     """
 
     compiled_fn: Any
@@ -65,6 +67,7 @@ class BuildResult:
     multi_kernel: dict[str, int] = field(default_factory=dict)
     tuned: list[dict[str, Any]] = field(default_factory=list)
     benchmark_leftovers: int = 0
+    cache_dir: str | None = None
 
 
 class NotSaveableError(RuntimeError):
