@@ -19,6 +19,10 @@ anything is timed, as in a deployed image.
     python tools/bench_coverage.py                       # CPU rows
     python tools/bench_coverage.py --device cuda         # CPU-kind rows on the GPU, plus triton_op, multi-kernel,
                                                          # max_autotune
+    python tools/bench_coverage.py --device cuda --no-host-code   # rows with a wrapper graph load through it
+
+The "wrapper" column says which wrapper each artifact carries: ``graph`` (the wrapper stored as data, no host code:
+a static CUDA graph Inductor's FX wrapper expresses) or ``python`` (with the build's reason).
 """
 
 from __future__ import annotations
@@ -47,6 +51,9 @@ def _args(argv=None) -> argparse.Namespace:
     p.add_argument("--calls", type=int, default=20, help="steady calls timed (median reported)")
     p.add_argument("--json-out", default=None, help="also write the rows as JSON to this file")
     p.add_argument("--workdir", default=None, help="keep artifacts here (default: a temp dir)")
+    p.add_argument("--no-host-code", action="store_true",
+                   help="load the rows whose artifact carries a wrapper graph with PRECOMPILE_REQUIRE_NO_HOST_CODE=1 "
+                        "(the graph engine: no host code); the others as usual")
     p.add_argument("--profile", action="store_true",
                    help="print a cProfile of each precompile load and its first call to stderr")
     p.add_argument("--phase", default=None, help=argparse.SUPPRESS)
@@ -133,7 +140,9 @@ def phase_build(a: argparse.Namespace, work: Path) -> dict:
         refs[name] = {"out": out, "written": _written(inputs, after)}
     torch.save({"sets": sets, "refs": refs}, work / "io.pt")
     return {"key": art.key, "cache": url, "fast_off": art.manifest.build.get("fast_off"), "compile_s": compile_s,
-            "kernels": len(art.manifest.kernels), "symbolic": symbolic}
+            "kernels": len(art.manifest.kernels), "symbolic": symbolic,
+            "wrapper_graph": bool(art.manifest.parts.get("wrapper_graph")),
+            "host_code": art.manifest.build.get("host_code")}
 
 
 def phase_load(a: argparse.Namespace, work: Path, which: str, key: str, url: str) -> dict:
@@ -229,10 +238,14 @@ def _env(work: Path, name: str) -> dict:
     return env
 
 
-def _child(a: argparse.Namespace, work: Path, case: str, phase: str) -> dict:
+def _child(a: argparse.Namespace, work: Path, case: str, phase: str, no_host_code: bool = False) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--phase", phase, "--case", case, "--workdir", str(work),
            "--device", a.device, "--calls", str(a.calls), *(["--profile"] if a.profile else [])]
-    proc = subprocess.run(cmd, env=_env(work, phase.split(",")[0]), capture_output=True, text=True, timeout=1800)
+    env = _env(work, phase.split(",")[0])
+    env.pop("PRECOMPILE_REQUIRE_NO_HOST_CODE", None)
+    if no_host_code:
+        env["PRECOMPILE_REQUIRE_NO_HOST_CODE"] = "1"
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
     if a.profile and "--- profile" in proc.stderr:
         sys.stderr.write(proc.stderr[proc.stderr.index("--- profile"):])
     if proc.returncode != 0:
@@ -260,7 +273,7 @@ def measure(a: argparse.Namespace, root: Path, case: str, warm: bool) -> dict:
                 t = _child(a, work, case, f"torch,{b['key']},{b['cache']}")
             except RuntimeError as err:
                 torch_error = str(err)
-        o = _child(a, work, case, f"ours,{b['key']},{b['cache']}")
+        o = _child(a, work, case, f"ours,{b['key']},{b['cache']}", no_host_code=a.no_host_code and b["wrapper_graph"])
     e = _child(a, work, case, "eager")
     row = {
         "case": case, "engine": o["engine"], "fast_off": b["fast_off"], "symbolic": b["symbolic"],
@@ -268,6 +281,7 @@ def measure(a: argparse.Namespace, root: Path, case: str, warm: bool) -> dict:
         "load_s": o["load_s"], "first_call_s": o["first_call_s"], "eager_first_call_s": e["first_call_s"],
         "ttfo_s": o["load_s"] + o["first_call_s"], "steady_ms": o["steady_ms"], "equal": o["equal"],
         "imported_by_load": o["imported_by_load"], "torch_error": torch_error,
+        "wrapper": "graph" if b["wrapper_graph"] else "python", "host_code": b["host_code"],
     }
     if t is not None:
         row.update({
@@ -315,21 +329,23 @@ def main(argv=None) -> int:
     title = (f"fast-path coverage on {a.device} ({torch.__version__}): fresh-process loads, bytecode warm; "
              "ratios torch / precompile")
     table = Table(title=title)
-    for col in ("graph", "engine", "load s torch", "load s ours", "ratio", "first call s torch / ours / eager",
+    for col in ("graph", "engine", "wrapper", "load s torch", "load s ours", "ratio", "first call s torch / ours / eager",
                 "load+first s torch / ours", "ratio", "equal (example, other size)"):
-        table.add_column(col, justify="left" if col in ("graph", "engine") else "right")
+        table.add_column(col, justify="left" if col in ("graph", "engine", "wrapper") else "right")
     for r in rows:
         if "error" in r:
-            table.add_row(r["case"], f"[red]{r['error'][:60]}", *[""] * 7)
+            table.add_row(r["case"], f"[red]{r['error'][:60]}", *[""] * 8)
             continue
         eq = "/".join("yes" if v else "NO" for v in r["equal"].values())
-        engine = r["engine"] + ("" if r["engine"] == "fast" else f" ({r['fast_off']})")
+        engine = r["engine"] + ("" if r["engine"] in ("fast", "graph") else f" ({r['fast_off']})")
+        wrapper = "graph (no host code)" if r["wrapper"] == "graph" else f"python ({(r['host_code'] or '')[:40]})"
         if "torch_load_s" not in r:  # torch's own artifact does not build or load: its columns are empty
-            table.add_row(r["case"], engine, "failed", f"{r['load_s']:.3f}", "-",
+            table.add_row(r["case"], engine, wrapper, "failed", f"{r['load_s']:.3f}", "-",
                           f"- / {r['first_call_s']:.4f} / {r['eager_first_call_s']:.4f}", f"- / {r['ttfo_s']:.3f}",
                           "-", eq)
             continue
-        table.add_row(r["case"], engine, f"{r['torch_load_s']:.3f}", f"{r['load_s']:.3f}", f"{r['load_ratio']:.1f}x",
+        table.add_row(r["case"], engine, wrapper, f"{r['torch_load_s']:.3f}", f"{r['load_s']:.3f}",
+                      f"{r['load_ratio']:.1f}x",
                       f"{r['torch_first_call_s']:.4f} / {r['first_call_s']:.4f} / {r['eager_first_call_s']:.4f}",
                       f"{r['torch_ttfo_s']:.3f} / {r['ttfo_s']:.3f}", f"{r['ttfo_ratio']:.1f}x", eq)
     con = Console(width=160)
@@ -341,7 +357,8 @@ def main(argv=None) -> int:
             con.print(f"{r['case']}: torch's own artifact failed: {r['torch_error']} (its log is above, on stderr)")
     if a.json_out:
         Path(a.json_out).write_text(json.dumps(rows, indent=1) + "\n")
-    return 0 if all("error" not in r and r["engine"] == "fast" and all(r["equal"].values()) for r in rows) else 1
+    return 0 if all("error" not in r and r["engine"] in ("fast", "graph") and all(r["equal"].values())
+                    for r in rows) else 1
 
 
 if __name__ == "__main__":
