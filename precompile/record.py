@@ -111,7 +111,11 @@ class RecordManifest:
             raise ArtifactFormatError("record factors do not name its kind and purpose")
         if doc["blobs"]:
             raise ArtifactFormatError("a record has no parts, and this one lists blobs")
-        if len(json.dumps(doc["data"], allow_nan=False)) > MAX_RECORD_BYTES:
+        try:
+            size = len(json.dumps(doc["data"], allow_nan=False))
+        except ValueError as err:  # NaN or infinity, which json.loads accepts
+            raise ArtifactFormatError(f"record data holds a value JSON cannot carry: {err}") from err
+        if size > MAX_RECORD_BYTES:
             raise ArtifactFormatError(f"record data is over {MAX_RECORD_BYTES} bytes")
         return cls(**{f: doc[f] for f in cls._FIELDS}, signature=doc.get("signature"))
 
@@ -149,7 +153,11 @@ def read(cache: Cache, key: str, purpose: str) -> RecordManifest | None:
             safe_incr(cache, **trust.note_refused(verdict, f"record {key[:12]} in {cache.url}"))
             return None
         record = RecordManifest.from_dict(doc)
-        if record.key != key or record.purpose != purpose or record_key(record.factors) != key:
+        try:
+            rekeyed = record_key(record.factors)
+        except (TypeError, ValueError) as err:
+            raise ArtifactFormatError(f"record factors cannot be encoded: {err}") from err
+        if record.key != key or record.purpose != purpose or rekeyed != key:
             _drop(cache, key, "its manifest names another key or purpose")
             return None
     except ArtifactFormatError as err:

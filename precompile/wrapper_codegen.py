@@ -97,7 +97,7 @@ def _bind(spec: dict[str, Any], launch: Any, scope: dict[str, Any], streams: dic
     bad = [a for a in pointers if not (values[a] is None or isinstance(values[a], dict) and "$node" in values[a])]
     if bad:
         raise WrapperGraphError(f"{where} passes {bad} as pointers, which are not tensors of the graph")
-    if not isinstance(device, int) or isinstance(device, bool):
+    if not isinstance(device, int) or isinstance(device, bool) or device < 0:
         raise WrapperGraphError(f"{where}: the launcher names device {device!r}, not an index")
     if device not in streams:
         streams[device] = f"g{len(scope)}"

@@ -53,6 +53,7 @@ def test_a_record_round_trips_and_the_cache_tools_know_it(tmp_path):
     (lambda d: d.update(data=[1, 2]), "not an object"),
     (lambda d: d.pop("factors"), "missing fields"),
     (lambda d: d.update(schema=2), "schema"),
+    (lambda d: d.update(data={"x": float("nan")}), "cannot carry"),
 ])
 def test_a_malformed_record_is_refused_by_name_and_dropped(tmp_path, change, words):
     cache = open_cache("file://" + str(tmp_path / "c"))

@@ -62,8 +62,10 @@ def ls_cmd(cache_url: str | None, as_json: bool) -> None:
             table.add_row(it["key"][:16], f"[red]{it['error']}", "", "", "", "", "", "", "")
             continue
         if it["kind"] == "record":
-            table.add_row(it["key"][:16], f"[magenta]record[/] {it['purpose']}: {it['about']}", "", "", "", "", "",
-                          "", (it["created"] or "")[:19])
+            from rich.markup import escape
+
+            table.add_row(it["key"][:16], f"[magenta]record[/] {escape(it['purpose'])}: {escape(it['about'])}", "",
+                          "", "", "", "", "", escape(str(it["created"] or "")[:19]))
             continue
         if it["kind"] == "function":
             table.add_row(it["key"][:16], f"[cyan]function[/] {it['function']}", ",".join(it["devices"]),
