@@ -30,8 +30,10 @@ log = logging.getLogger("precompile")
 
 #: The kind a record's manifest names itself by.
 KIND = "record"
-#: Largest record manifest read, and largest ``data`` stored, bytes (canonical JSON).
+#: Largest ``data`` stored, bytes (compact JSON).
 MAX_RECORD_BYTES = 64 << 10
+#: Largest record manifest stored or read, bytes (its data, factors, build and signature, as stored).
+MAX_MANIFEST_BYTES = 256 << 10
 _PURPOSE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 
 
@@ -144,7 +146,7 @@ def read(cache: Cache, key: str, purpose: str) -> RecordManifest | None:
             metrics.note_miss("absent")
             return None
         raw = cache.get_blob(digest)
-        if raw is MISS or len(raw) > 2 * MAX_RECORD_BYTES:
+        if raw is MISS or len(raw) > MAX_MANIFEST_BYTES:
             _drop(cache, key, "its manifest blob is missing, corrupt or oversized")
             return None
         doc = load_json(raw)
@@ -181,7 +183,8 @@ def write(cache: Cache, record: RecordManifest) -> RecordManifest | None:
 
     Raises:
         TrustConfigError: the configured signing key cannot be read.
-        ValueError: ``record.data`` is over :data:`MAX_RECORD_BYTES` or holds a value JSON cannot carry.
+        ValueError: ``record.data`` is over :data:`MAX_RECORD_BYTES`, the stored manifest would be over
+            :data:`MAX_MANIFEST_BYTES` (what :func:`read` reads), or a value JSON cannot carry.
     """
     from precompile import trust
     from precompile.cache_io import safe_incr, warn_once
@@ -194,8 +197,11 @@ def write(cache: Cache, record: RecordManifest) -> RecordManifest | None:
         warn_once(cache, f"not storing record {record.key[:12]} in {cache.url}: verify keys are configured and no "
                          "signing key (PRECOMPILE_SIGNING_KEY)", kind="store unsigned")
         return None
+    raw = record.to_json()
+    if len(raw) > MAX_MANIFEST_BYTES:
+        raise ValueError(f"the record's manifest is {len(raw)} bytes, over {MAX_MANIFEST_BYTES}")
     try:
-        cache.set_ref(record.key, cache.put_blob(record.to_json()))
+        cache.set_ref(record.key, cache.put_blob(raw))
         return record
     except CacheError as err:
         warn_once(cache, f"could not store record {record.key[:12]} in {cache.url}: {err}",

@@ -70,6 +70,9 @@ def test_oversized_data_is_not_written(tmp_path):
     cache = open_cache("file://" + str(tmp_path / "c"))
     with pytest.raises(ValueError, match="over"):
         record.write(cache, _record(data={"big": "x" * (record.MAX_RECORD_BYTES + 1)}))
+    # small as compact JSON, large as the stored (indented) manifest: refused at write, not dropped at every read
+    with pytest.raises(ValueError, match="manifest is"):
+        record.write(cache, _record(data={"x": [[[[[[[[[[0]]]]]]]]]] * 2000}))  # 46 KB compact, 370 KB stored
     assert list(cache.iter_refs()) == []
 
 

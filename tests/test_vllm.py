@@ -115,18 +115,23 @@ def test_registry_modelinfo_travels_through_the_cache(tmp_path):
     assert second == {"subprocesses": 0, "modelinfo": first["modelinfo"]}
     assert open_cache(cache).counters().get("record_hits") == 1
     assert len(list((tmp_path / "b" / "modelinfos").glob("*.json"))) == 1  # vLLM's own file, for its next start
-    # a record planted with a field vLLM's _ModelInfo does not have: refused, vLLM inspects the class itself
+    # planted records (an unsigned cache): a field of the wrong type, which vLLM's own file reader would take (a
+    # non-empty string is true), and a field vLLM's _ModelInfo does not have: each refused by precompile's check,
+    # and vLLM inspects the class itself
     c = open_cache(cache)
     (key, digest), = list(c.iter_refs())
-    doc = json.loads(c.get_blob(digest))
-    doc["data"]["modelinfo"]["planted"] = True
-    raw = json.dumps(doc).encode()
-    c.set_ref(key, c.put_blob(raw))
-    assert hashlib.sha256(raw).hexdigest() == c.get_ref(key)
-    third = inspect_on("c")
-    assert third == {"subprocesses": 1, "modelinfo": first["modelinfo"]}
-    # the refused record was replaced by the one this inspection stored
-    assert "planted" not in record.read(c, key, "vllm_modelinfo").data["modelinfo"]
+    good = json.loads(c.get_blob(digest))
+    for machine, plant in (("c", {"supports_pp": "no"}), ("d", {"planted": True})):
+        doc = json.loads(json.dumps(good))
+        doc["data"]["modelinfo"].update(plant)
+        raw = json.dumps(doc).encode()
+        c.set_ref(key, c.put_blob(raw))
+        assert hashlib.sha256(raw).hexdigest() == c.get_ref(key)
+        again = inspect_on(machine)
+        assert again == {"subprocesses": 1, "modelinfo": first["modelinfo"]}, machine
+        assert open_cache(cache).counters().get("record_hits") == 1  # refused: no hit
+        # the refused record was replaced by the one this inspection stored
+        assert record.read(c, key, "vllm_modelinfo").data == good["data"]
 
 
 @pytest.mark.slow

@@ -28,9 +28,10 @@ def ls_cmd(cache_url: str | None, as_json: bool) -> None:
             items.append(_function_item(key, m))
             continue
         if m.get("kind") == "record":
-            items.append({"key": key, "kind": "record", "purpose": str(m.get("purpose")),
-                          "about": str((m.get("factors") or {}).get("about", ""))[:80],
-                          "created": (m.get("build") or {}).get("created")})
+            factors, build = m.get("factors"), m.get("build")
+            items.append({"key": key, "kind": "record", "purpose": str(m.get("purpose"))[:64],
+                          "about": str(factors.get("about", "") if isinstance(factors, dict) else "")[:80],
+                          "created": str(build.get("created")) if isinstance(build, dict) else None})
             continue
         devices = sorted({p.get("device") for p in m["placeholders"] if p.get("device")})
         user = [p for p in m["placeholders"] if p["kind"] == "user_input"]

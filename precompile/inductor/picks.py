@@ -209,11 +209,12 @@ def replaying(tuned: list[dict[str, Any]]) -> Iterator[None]:
         for record in tuned:
             queues.setdefault(str(record.get("op")), []).append(record)
 
-        bound: dict[tuple[str, str], dict[str, Any]] = {}  # (op, Inductor's inputs key) -> its record
+        bound: dict[tuple[str, ...], dict[str, Any]] = {}  # (op, Inductor's inputs key, hint) -> its record
 
         def lookup(self: Any, choices: list[Any], op: str, inputs: str, benchmark: Any, *args: Any,
                    **kwargs: Any) -> Any:
-            times = _replayed(queues.get(op) or [], choices, bound, (str(op), str(inputs)))
+            hint = args[0] if args else kwargs.get("hint_override")
+            times = _replayed(queues.get(op) or [], choices, bound, (str(op), str(inputs), str(hint)))
             if times is None:
                 return fallback(self, choices, op, inputs, benchmark, *args, **kwargs)
             log.debug("autotune of %s: replayed the first compile's benchmark of %d candidates", op, len(times))
@@ -234,9 +235,10 @@ def _key(kind: str, config: dict[str, Any]) -> tuple[str, str]:
     return kind, repr(sorted(config.items()))
 
 
-def _replayed(queue: list[dict[str, Any]], choices: list[Any], bound: dict[tuple[str, str], dict[str, Any]],
-              site: tuple[str, str]) -> dict[Any, float] | None:
-    """``{choice: ms}`` from the record of the tuned op at ``site`` (op name, Inductor's key of its inputs), or
+def _replayed(queue: list[dict[str, Any]], choices: list[Any], bound: dict[tuple[str, ...], dict[str, Any]],
+              site: tuple[str, ...]) -> dict[Any, float] | None:
+    """``{choice: ms}`` from the record of the tuned op at ``site`` (op name, Inductor's key of its inputs, size
+    hint), or
     None.  A site meets its record once: the first record of ``queue`` (compile order) not bound to another site
     whose candidates hold every one of ``choices`` and its pick among them (Inductor asks for a subset of what
     its feedback names: the extern fallback may be left out).  Later lookups of the site (a multi-template's

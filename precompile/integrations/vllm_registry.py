@@ -8,14 +8,15 @@ cache as a record (:mod:`precompile.record`, purpose ``vllm_modelinfo``), so tha
 it there:
 
 - before vLLM reads its file: if vLLM finds nothing, the record for the same class and module hash is read from
-  the cache (signature, structure and bounds checked), its fields checked against vLLM's ``_ModelInfo`` (names
-  and JSON types; nothing is run), and written to the path vLLM reads, in vLLM's own format, atomically; then
+  the cache (signature, structure and bounds checked), its fields checked against vLLM's ``_ModelInfo`` (every
+  name, and each value of its field's declared type; nothing is run), and written to the path vLLM reads, in vLLM's own format, atomically; then
   vLLM reads it as it reads its own.  The path is vLLM's, never the cache's;
 - after vLLM writes a new file (its subprocess ran): the same JSON is stored as a record.
 
 It is a ``vllm.general_plugins`` entry point (vLLM loads those early in every process), active where
 :func:`precompile.config.vllm_registry_enabled` says so: by default where ``PRECOMPILE_CACHE`` names a cache.  A
-vLLM without the functions it wraps is left alone.  A cache failure leaves vLLM's own behaviour.
+vLLM without the functions it wraps is left alone.  A cache failure, or any failure of this module, leaves vLLM's
+own behaviour: nothing it does raises into vLLM.
 """
 
 from __future__ import annotations
@@ -41,7 +42,15 @@ _installed = False
 def register() -> None:
     """Entry point of group ``vllm.general_plugins``: wrap vLLM's model-registry cache once per process.
 
-    Never raises: vLLM logs a raising plugin and goes on without it; this function logs why it stays out."""
+    Never raises (vLLM calls general plugins unguarded: a raising one would stop its start); it logs why it stays
+    out."""
+    try:
+        _register()
+    except Exception as err:  # noqa: BLE001 - a plugin must not stop vLLM
+        log.warning("precompile's vLLM registry plugin is inactive: %s: %s", type(err).__name__, err)
+
+
+def _register() -> None:
     global _installed
     if _installed:
         return
@@ -66,13 +75,13 @@ def register() -> None:
 
     def _load_modelinfo_from_cache(self: Any, module_hash: str) -> Any:
         mi = load(self, module_hash)
-        if mi is None and restore(self, module_hash):
+        if mi is None and _guarded(restore, self, module_hash):
             mi = load(self, module_hash)
         return mi
 
     def _save_modelinfo_to_cache(self: Any, mi: Any, module_hash: str) -> None:
         save(self, mi, module_hash)
-        publish(self, mi, module_hash)
+        _guarded(publish, self, mi, module_hash)
 
     for name, fn, original in (("_load_modelinfo_from_cache", _load_modelinfo_from_cache, load),
                                ("_save_modelinfo_to_cache", _save_modelinfo_to_cache, save)):
@@ -80,6 +89,16 @@ def register() -> None:
         fn.__doc__ = original.__doc__
         setattr(_LazyRegisteredModel, name, fn)
     _installed = True
+
+
+def _guarded(fn: Any, *args: Any) -> bool:
+    """``fn(*args)``, or False (logged) if it raises: a cache's failure leaves vLLM's own behaviour."""
+    try:
+        return bool(fn(*args))
+    except Exception as err:  # noqa: BLE001 - never into vLLM's model inspection
+        log.warning("precompile's vLLM registry plugin failed (%s: %s); vLLM goes on without it",
+                    type(err).__name__, err)
+        return False
 
 
 def factors(entry: Any, module_hash: str) -> dict[str, Any]:
@@ -92,33 +111,58 @@ def factors(entry: Any, module_hash: str) -> dict[str, Any]:
 
 
 def check_modelinfo(data: Any) -> dict[str, Any]:
-    """``data`` if it can be a vLLM ``_ModelInfo``'s fields: an object whose names are all ``_ModelInfo`` fields
-    and whose values are booleans, short strings, or lists of short strings.
+    """``data`` if it is exactly a vLLM ``_ModelInfo``'s fields as vLLM's own cache file holds them: every field
+    present and no other, each value of its declared type (a ``bool`` field a JSON boolean, a ``Literal`` field one
+    of its values, a ``str`` field a short string, a ``tuple[str, ...]`` field a list of short strings, an ``Any``
+    field - vLLM's ``Literal`` aliases at run time - a short name).  A field of any other declared type is
+    refused, so a newer vLLM's modelinfo is inspected by vLLM itself.
 
     Raises:
-        ValueError: it cannot; the message says what is wrong.
+        ValueError: it is not; the message says what is wrong.
     """
+    import typing
+
     from vllm.model_executor.models.registry import _ModelInfo
 
+    try:
+        hints = typing.get_type_hints(_ModelInfo)
+    except Exception as err:  # noqa: BLE001 - annotations this Python cannot resolve: nothing is checked, so no
+        raise ValueError(f"this vLLM's _ModelInfo annotations cannot be read ({err})") from err
     names = {f.name for f in dataclasses.fields(_ModelInfo)}
-    if not isinstance(data, dict) or len(data) > MAX_FIELDS:
-        raise ValueError(f"not an object of at most {MAX_FIELDS} fields")
+    if not isinstance(data, dict) or set(data) != names:
+        unknown = sorted(map(str, set(data) - names))[:3] if isinstance(data, dict) else []
+        raise ValueError(f"not the fields of this vLLM's _ModelInfo (unknown {unknown})" if unknown else
+                         "not the fields of this vLLM's _ModelInfo (some are missing)")
     for name, value in data.items():
-        if name not in names:
-            raise ValueError(f"{str(name)[:80]!r} is not a field of this vLLM's _ModelInfo")
-        items = value if isinstance(value, list) else [value]
-        if len(items) > MAX_FIELDS or not all(isinstance(v, (bool, str)) and len(str(v)) <= MAX_TEXT for v in items):
-            raise ValueError(f"field {name} holds a value that is not a boolean, a short string or a list of them")
-    missing = names - set(data)
-    if missing:
-        raise ValueError(f"fields {sorted(missing)[:3]} are missing")
+        if not _of_type(value, hints.get(name)):
+            raise ValueError(f"field {name} holds {str(value)[:80]!r}, not a {hints.get(name)}")
     return data
+
+
+def _of_type(value: Any, hint: Any) -> bool:
+    import re
+    import typing
+
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is typing.Any:  # vLLM's Literal aliases are Any at run time (imported for type checkers only)
+        return isinstance(value, str) and re.fullmatch(r"[A-Za-z0-9_\-]{1,64}", value) is not None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, str) and len(value) <= MAX_TEXT
+    if origin is typing.Literal:
+        return any(value == a and type(value) is type(a) for a in args)
+    if origin is tuple and args and args[-1] is Ellipsis and args[0] is str:
+        return isinstance(value, list) and len(value) <= MAX_FIELDS and all(
+            isinstance(v, str) and len(v) <= MAX_TEXT for v in value)
+    return False
 
 
 def restore(entry: Any, module_hash: str) -> bool:
     """Write the record of ``entry`` at ``module_hash`` where vLLM reads its modelinfo; False on a miss (logged)."""
     from precompile import record
     from precompile.cache_io import safe_incr
+    from precompile.errors import TrustConfigError
 
     cache = _cache()
     if cache is None:
@@ -131,6 +175,9 @@ def restore(entry: Any, module_hash: str) -> bool:
         modelinfo = check_modelinfo(found.data.get("modelinfo"))
         if found.data.get("hash") != module_hash:
             raise ValueError("it names another module hash")
+    except TrustConfigError as err:
+        log.warning("precompile cannot check vLLM's modelinfo record (%s); vLLM inspects the class itself", err)
+        return False
     except ValueError as err:
         log.warning("the vLLM modelinfo record of %s.%s is unusable (%s); vLLM inspects the class itself",
                     entry.module_name, entry.class_name, err)
@@ -185,10 +232,9 @@ def publish(entry: Any, mi: Any, module_hash: str) -> bool:
 
 def _cache() -> Any:
     from cache_backends.registry import open_cache
-    from precompile.errors import CacheError
 
     try:
         return open_cache(None)
-    except CacheError as err:
+    except Exception as err:  # noqa: BLE001 - a bad URL, a missing client library: vLLM's own behaviour
         log.warning("precompile cache cannot be opened (%s); vLLM's modelinfo stays on local disk", err)
         return None
