@@ -11,8 +11,8 @@ carry vLLM's own Inductor artifacts, which this adaptor replaces) that works on 
 
 That file is on one machine's disk.  This module keeps it in precompile's cache as a whole-function artifact
 (``"kind": "function"``; its Dynamo part is vLLM's file, byte for byte), so that a new machine restores it before
-vLLM looks: :func:`install` wraps vLLM's ``decorators._try_load_aot_compiled_fn`` (the one function of vLLM's that
-precompile wraps, and only in processes where the adaptor is in use) to
+vLLM looks: :func:`install` wraps vLLM's ``decorators._try_load_aot_compiled_fn`` (the one function of vLLM's
+compile path that precompile wraps, and only in processes where the adaptor is in use) to
 
 - before vLLM's load, when the file is absent: read the entry from the cache - signature, structure and digest
   checked by :func:`precompile.function.store.read`, exactly as for ``precompile.compile`` - and write it to the

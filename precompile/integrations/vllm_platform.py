@@ -14,7 +14,7 @@ the backend is ``"precompile"``:
 With any other backend it behaves exactly like the built-in platform.  It stays inactive (vLLM detects its own
 platform as usual) when ``PRECOMPILE_VLLM_PLATFORM=0``, when another out-of-tree platform plugin is installed
 (vLLM allows only one), or when vLLM detects no platform.  This is the one place that adjusts vLLM's
-configuration.  (The adaptor wraps one vLLM function, its AOT artifact load: see
+configuration.  (The adaptor wraps one function of vLLM's compile path, its AOT artifact load: see
 :mod:`precompile.integrations.vllm_aot`.)
 """
 
