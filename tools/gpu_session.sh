@@ -15,6 +15,7 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 if [ "${TESTS:-1}" = 1 ]; then
   python3 -m pytest -q -p no:cacheprovider tests/test_gpu_paths.py tests/test_gpu_picks.py tests/test_gpu_wrapper_graph.py \
+    tests/test_gpu_no_host_code.py \
     tests/test_fast_load.py -k gpu \
     2>&1 | tee "$OUT/gpu_tests.log" | grep -v "^DEBUG\|^INFO" | tail -40
 fi
