@@ -126,7 +126,7 @@ def check_modelinfo(data: Any) -> dict[str, Any]:
 
     try:
         hints = typing.get_type_hints(_ModelInfo)
-    except Exception as err:  # noqa: BLE001 - annotations this Python cannot resolve: nothing is checked, so no
+    except Exception as err:  # noqa: BLE001 - annotations that cannot be resolved: nothing can be checked
         raise ValueError(f"this vLLM's _ModelInfo annotations cannot be read ({err})") from err
     names = {f.name for f in dataclasses.fields(_ModelInfo)}
     if not isinstance(data, dict) or set(data) != names:
