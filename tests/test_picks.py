@@ -1,6 +1,8 @@
 """GEMM and convolution picks as the manifest stores them (precompile.inductor.picks): ``diff`` names a pick that
-changed, ``inspect`` prints them as text.  The records here are written out by hand because a CPU build tunes no
-GEMM (Inductor's C++ GEMM template needs constant weights); tests/test_gpu_picks.py builds real ones on a GPU."""
+changed, ``inspect`` prints them as text, and a second compile replaying a first one's records takes its picks.
+The diff and inspect records are written out by hand because a CPU build tunes no GEMM (Inductor's C++ GEMM
+template needs constant weights, which only ``freezing`` gives: the replay test compiles that way);
+tests/test_gpu_picks.py builds real ones on a GPU."""
 
 from __future__ import annotations
 
@@ -73,3 +75,53 @@ def test_inspect_prints_a_pick_table_and_treats_stored_strings_as_text(monkeypat
     text = out.getvalue()
     assert "tuned ops (1)" in text and "[red]triton_mm_3[/]" in text and "chosen" in text
     assert "3 autotune configs of kernels that only a benchmark compiled" in text
+
+
+def _tuned_compile(model, x, replay=None):
+    """Compile ``model`` afresh with CPU GEMM tuning (the C++ GEMM template needs frozen weights), recording the
+    picks, optionally replaying ``replay``; returns the records."""
+    import contextlib
+
+    import torch
+    from torch._inductor import config
+    from torch._inductor.utils import fresh_cache
+
+    from precompile.inductor import picks
+
+    torch._dynamo.reset()
+    with fresh_cache(), torch.no_grad(), config.patch({"max_autotune": True, "freezing": True,
+                                                       "max_autotune_gemm_backends": "CPP,ATEN"}), \
+            (picks.replaying(replay) if replay is not None else contextlib.nullcontext()), \
+            picks.recording() as records:
+        torch.compile(model)(x)
+    return records
+
+
+def test_a_second_compile_replaying_the_first_ones_records_takes_their_picks():
+    """Real CPU GEMM tuning (C++ template against MKL): a compile under ``replaying`` benchmarks nothing for the ops
+    the records cover and picks what they say, even where that is not what a benchmark would pick."""
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 32)).eval()
+    x = torch.randn(8, 64)
+    first = _tuned_compile(model, x)
+    assert len(first) == 2 and all(len(r["candidates"]) >= 2 for r in first), first
+    # the records made to say the opposite: the slowest candidate of each op is now the fastest
+    flipped = []
+    for r in first:
+        cands = [dict(c) for c in r["candidates"]]
+        slowest = max(cands, key=lambda c: c["ms"])
+        slowest["ms"] = 1e-6
+        flipped.append({**r, "candidates": cands, "chosen": slowest["choice"]})
+    second = _tuned_compile(model, x, replay=flipped)
+    assert len(second) == 2
+    for want, got in zip(flipped, second):
+        assert sorted((c["kind"], repr(sorted(c["config"].items())), c["ms"]) for c in got["candidates"]) == \
+            sorted((c["kind"], repr(sorted(c["config"].items())), c["ms"]) for c in want["candidates"])  # no benchmark
+        chosen = next(c for c in want["candidates"] if c["choice"] == want["chosen"])
+        picked = next(c for c in got["candidates"] if c["choice"] == got["chosen"])
+        assert (picked["kind"], picked["config"]) == (chosen["kind"], chosen["config"])
+    firsts = [next((c["kind"], c["config"]) for c in r["candidates"] if c["choice"] == r["chosen"]) for r in first]
+    seconds = [next((c["kind"], c["config"]) for c in r["candidates"] if c["choice"] == r["chosen"]) for r in second]
+    assert firsts != seconds  # the replay, not a benchmark, decided
