@@ -31,8 +31,8 @@ def _build_cache_dir(reuse: str | None = None):
 
     Args:
         reuse: an earlier compile's dir (:attr:`BuildResult.cache_dir`) to compile in again, so that a second
-            compile of the same graph finds the first one's autotune picks (``.best_config`` files, GEMM choices)
-            instead of benchmarking anew; None for a fresh dir."""
+            compile of the same graph looks where the first one's on-disk autotune results are (``.best_config``
+            files, the local autotune cache); None for a fresh dir."""
     root = reuse or tempfile.mkdtemp(prefix="precompile-build-")
     saved = {k: os.environ.get(k) for k in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = root

@@ -141,11 +141,12 @@ def build_wrapper_graph(gm: torch.fx.GraphModule, compile_inputs: list[Any], run
     Args:
         compile_inputs: what Inductor compiles for; run_inputs: the same with concrete sizes.
         reference: the fresh compile's callable (flat inputs in, outputs out).
-        cache_dir: the reference compile's private cache dir (:attr:`BuildResult.cache_dir`), compiled in again
-            so that each kernel gets the config the reference's autotuning picked (its ``.best_config``) and each
-            GEMM the same choice; the FX converter launches a kernel's first compiled config, which is then the
-            picked one.  None: a fresh dir (the converter's first config may not be the reference's pick, and the
-            bit-equality check then keeps the Python wrapper).
+        cache_dir: the reference compile's private cache dir (:attr:`BuildResult.cache_dir`), compiled in again,
+            so that Inductor's on-disk autotune results of the first compile (``.best_config`` files, its local
+            autotune cache) are where this compile looks; whether a kernel finds its entry depends on Inductor's
+            cache key for it (not verified per kernel).  None: a fresh dir.  The FX converter launches a kernel's
+            first compiled config: where that is not the reference's pick, the bit-equality check keeps the
+            Python wrapper.
         tuned: the reference compile's GEMM/convolution benchmark records (:attr:`BuildResult.tuned`), replayed
             so that each tuned op takes the reference's pick (:func:`precompile.inductor.picks.replaying`).
     """

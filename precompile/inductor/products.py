@@ -50,7 +50,7 @@ class BuildResult:
             and the choice taken (:mod:`precompile.inductor.picks`).
         benchmark_leftovers: ``.best_config`` files of kernels only a benchmark compiled (not picks).
         cache_dir: the compile's private Inductor + Triton cache dir while it lives (a GPU build's, kept until the
-            process ends: it holds the autotune picks a second compile of the graph must reuse), else None.
+            process ends: it holds the first compile's on-disk autotune results for a second compile), else None.
     """
 
     compiled_fn: Any
