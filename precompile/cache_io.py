@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -43,22 +43,12 @@ def load_from_cache(key: str, cache: str | Cache | None, *, bound: dict[int, tor
     c = open_cache(cache)
     policy = trust.policy(c)
     try:
-        digest = c.get_ref(key)
-        if digest is MISS:
-            metrics.note_miss("absent")
-            return None
-        raw = c.get_blob(digest)
-        if raw is MISS:
-            _drop_ref(c, key, "its manifest blob is missing or corrupt")
-            return None
-        doc = load_json(raw)
-        verdict = policy.check(doc)
-        if not verdict.ok:
-            safe_incr(c, **trust.note_refused(verdict, f"cache entry {key[:12]} in {c.url}"))
+        doc = read_manifest_doc(c, key, policy, "cache entry")
+        if doc is None:
             return None
         manifest = Manifest.from_dict(doc)
         if manifest.key != key:
-            _drop_ref(c, key, f"its manifest names another key {manifest.key[:12]}")
+            drop_ref(c, key, f"its manifest names another key {manifest.key[:12]}")
             return None
         if config.require_no_host_code() and not manifest.parts.get("wrapper_graph"):
             log.info("cache entry %s carries host code (%s) and PRECOMPILE_REQUIRE_NO_HOST_CODE is set: a miss",
@@ -76,7 +66,7 @@ def load_from_cache(key: str, cache: str | Cache | None, *, bound: dict[int, tor
         rest = [d for d in manifest.part_digests() if d not in got]
         lost += [d for d, ok in c.has_blobs(rest).items() if not ok]
         if lost:
-            _drop_ref(c, key, f"{len(lost)} of its parts are missing or corrupt")
+            drop_ref(c, key, f"{len(lost)} of its parts are missing or corrupt")
             return None
     except UnsafePathError as err:  # planted or garbled: never used, counted with the refused entries
         log.warning("refusing cache entry %s in %s: %s; nothing of it was run", key[:12], c.url, err)
@@ -107,14 +97,48 @@ def load_from_cache(key: str, cache: str | Cache | None, *, bound: dict[int, tor
         art.primer = primer
         return art
     except ArtifactFormatError as err:  # a manifest whose digests check but whose specs or guards do not parse
-        _drop_ref(c, key, str(err))
+        drop_ref(c, key, str(err))
         return None
 
 
-def _drop_ref(cache: Cache, key: str, why: str) -> None:
+def read_manifest_doc(cache: Cache, key: str, policy: Any, what: str, *, max_bytes: int | None = None) -> Any:
+    """The parsed manifest (any JSON) stored under ``key`` whose signature ``policy`` accepts, or None on a miss:
+    no ref (counted ``absent``), a manifest blob missing, corrupt or over ``max_bytes`` bytes (the ref dropped,
+    :func:`drop_ref`), or a signature the policy refuses (counted ``untrusted``, the ref left alone).  The first
+    steps of every read of a cache entry (graph artifact, whole function, record); the caller checks the
+    structure next.  ``what`` names the entry in messages (``"cache entry"``, ``"record"``...).
+
+    Raises:
+        ArtifactFormatError: the manifest blob is not JSON (the caller drops the ref).
+        CacheError: the cache failed (the caller counts a miss and drops nothing).
+    """
+    from precompile import trust
+
+    digest = cache.get_ref(key)
+    if digest is MISS:
+        metrics.note_miss("absent")
+        return None
+    raw = cache.get_blob(digest)
+    if raw is MISS:
+        drop_ref(cache, key, "its manifest blob is missing or corrupt", what)
+        return None
+    if max_bytes is not None and len(raw) > max_bytes:
+        drop_ref(cache, key, f"its manifest blob is {len(raw)} bytes, over {max_bytes}", what)
+        return None
+    doc = load_json(raw)
+    verdict = policy.check(doc)
+    if not verdict.ok:
+        safe_incr(cache, **trust.note_refused(verdict, f"{what} {key[:12]} in {cache.url}"))
+        return None
+    return doc
+
+
+def drop_ref(cache: Cache, key: str, why: str, what: str = "cache entry") -> None:
+    """Drop the ref of a damaged entry (logged, counted as a ``damaged`` miss) so that the next writer replaces
+    it; a cache that cannot delete leaves it (never raises)."""
     # corrupt blobs were already counted under ``errors`` by the backend that dropped them
     metrics.note_miss("damaged")
-    log.warning("cache entry %s in %s is unusable (%s); dropping it so it is rebuilt", key[:12], cache.url, why)
+    log.warning("%s %s in %s is unusable (%s); dropping it so it is rebuilt", what, key[:12], cache.url, why)
     try:
         cache.delete_ref(key)
     except CacheError:

@@ -1,6 +1,6 @@
 """Records: small signed JSON facts an integration keeps in the cache beside the artifacts (docs/format.md).
 
-A start pays for more than compiling.  vLLM, for one, inspects the model's class in a subprocess (~7 s on CPU)
+A start pays for more than compiling.  vLLM, for one, inspects the model's class in a subprocess (~8 s on a 2-core CPU)
 before it builds anything, and keeps the answer on the machine's disk only.  A record carries such a fact through
 the fleet's cache: a JSON object, stored like an artifact (``ref/<key>`` -> the record's manifest blob, signed the
 same way, with the fields every cache tool reads generically: ``schema``, ``kind``, ``key``, ``factors``,
@@ -22,9 +22,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from cache_backends.base import HEX64, MISS, Cache
+from cache_backends.base import HEX64, Cache
 from precompile import config, metrics
 from precompile.errors import ArtifactFormatError, CacheError
+from precompile.manifest import ManifestJSON
 
 log = logging.getLogger("precompile")
 
@@ -43,7 +44,7 @@ def is_record_doc(doc: object) -> bool:
 
 
 @dataclass
-class RecordManifest:
+class RecordManifest(ManifestJSON):
     """A record; ``RecordManifest.from_dict(r.to_dict()) == r``.
 
     Attributes:
@@ -67,21 +68,6 @@ class RecordManifest:
     signature: dict[str, Any] | None = None
 
     _FIELDS = ("schema", "kind", "key", "purpose", "factors", "data", "blobs", "build")
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict of every field (``signature`` only when signed)."""
-        out = {name: getattr(self, name) for name in self._FIELDS}
-        if self.signature is not None:
-            out["signature"] = self.signature
-        return out
-
-    def to_json(self) -> bytes:
-        """UTF-8 JSON, keys sorted: the bytes stored as the manifest blob."""
-        return json.dumps(self.to_dict(), sort_keys=True, indent=1, allow_nan=False).encode()
-
-    def total_bytes(self) -> int:
-        """0: a record has no parts (its manifest is counted by the cache)."""
-        return 0
 
     @classmethod
     def from_dict(cls, doc: object) -> RecordManifest:
@@ -136,23 +122,12 @@ def read(cache: Cache, key: str, purpose: str) -> RecordManifest | None:
         TrustConfigError: a configured verify key cannot be read.
     """
     from precompile import trust
-    from precompile.cache_io import safe_incr, warn_once
-    from precompile.manifest import load_json
+    from precompile.cache_io import drop_ref, read_manifest_doc, safe_incr, warn_once
 
     policy = trust.policy(cache)
     try:
-        digest = cache.get_ref(key)
-        if digest is MISS:
-            metrics.note_miss("absent")
-            return None
-        raw = cache.get_blob(digest)
-        if raw is MISS or len(raw) > MAX_MANIFEST_BYTES:
-            _drop(cache, key, "its manifest blob is missing, corrupt or oversized")
-            return None
-        doc = load_json(raw)
-        verdict = policy.check(doc)
-        if not verdict.ok:
-            safe_incr(cache, **trust.note_refused(verdict, f"record {key[:12]} in {cache.url}"))
+        doc = read_manifest_doc(cache, key, policy, "record", max_bytes=MAX_MANIFEST_BYTES)
+        if doc is None:
             return None
         record = RecordManifest.from_dict(doc)
         try:
@@ -160,10 +135,10 @@ def read(cache: Cache, key: str, purpose: str) -> RecordManifest | None:
         except (TypeError, ValueError) as err:
             raise ArtifactFormatError(f"record factors cannot be encoded: {err}") from err
         if record.key != key or record.purpose != purpose or rekeyed != key:
-            _drop(cache, key, "its manifest names another key or purpose")
+            drop_ref(cache, key, "its manifest names another key or purpose", "record")
             return None
     except ArtifactFormatError as err:
-        _drop(cache, key, str(err))
+        drop_ref(cache, key, str(err), "record")
         return None
     except CacheError as err:
         warn_once(cache, f"cache {cache.url} failed while reading record {key[:12]}: {err}; treating it as a miss",
@@ -209,11 +184,3 @@ def write(cache: Cache, record: RecordManifest) -> RecordManifest | None:
         safe_incr(cache, errors=1)
         return None
 
-
-def _drop(cache: Cache, key: str, why: str) -> None:
-    metrics.note_miss("damaged")
-    log.warning("record %s in %s is unusable (%s); dropping it so it is written again", key[:12], cache.url, why)
-    try:
-        cache.delete_ref(key)
-    except CacheError:
-        pass

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from cache_backends.base import MISS, Cache, digest_bytes
 from precompile import config, metrics
-from precompile.cache_io import safe_incr, warn_once
+from precompile.cache_io import drop_ref, read_manifest_doc, safe_incr, warn_once
 from precompile.errors import ArtifactFormatError, CacheError, UnsafePathError
 from precompile.function.manifest import FunctionManifest
 
@@ -33,13 +33,8 @@ class Stored:
 
 
 def drop(cache: Cache, key: str, why: str) -> None:
-    """Drop the ref of a damaged entry (logged, counted as a ``damaged`` miss) so that the next build replaces it."""
-    metrics.note_miss("damaged")
-    log.warning("function artifact %s in %s is unusable (%s); dropping it so it is rebuilt", key[:12], cache.url, why)
-    try:
-        cache.delete_ref(key)
-    except CacheError:
-        pass
+    """Drop the ref of a damaged whole-function entry (:func:`precompile.cache_io.drop_ref`)."""
+    drop_ref(cache, key, why, "function artifact")
 
 
 def read(cache: Cache, key: str) -> Stored | None:
@@ -49,22 +44,11 @@ def read(cache: Cache, key: str) -> Stored | None:
         TrustConfigError: a configured signing or verify key cannot be read.
     """
     from precompile import trust
-    from precompile.manifest import load_json
 
     policy = trust.policy(cache)
     try:
-        digest = cache.get_ref(key)
-        if digest is MISS:
-            metrics.note_miss("absent")
-            return None
-        raw = cache.get_blob(digest)
-        if raw is MISS:
-            drop(cache, key, "its manifest blob is missing or corrupt")
-            return None
-        doc = load_json(raw)
-        verdict = policy.check(doc)
-        if not verdict.ok:
-            safe_incr(cache, **trust.note_refused(verdict, f"function artifact {key[:12]} in {cache.url}"))
+        doc = read_manifest_doc(cache, key, policy, "function artifact")
+        if doc is None:
             return None
         manifest = FunctionManifest.from_dict(doc)
         if manifest.key != key:
