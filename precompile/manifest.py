@@ -27,8 +27,29 @@ def load_json(raw: bytes) -> Any:
         raise ArtifactFormatError(f"manifest is not valid JSON: {type(err).__name__}: {err}") from err
 
 
+class ManifestJSON:
+    """How a manifest dataclass is written: ``to_dict`` (every field of ``_FIELDS``, ``signature`` only when
+    signed, so unsigned manifests keep their bytes) and ``to_json`` (the bytes stored as the manifest blob).
+    Shared by :class:`Manifest`, :class:`~precompile.function.manifest.FunctionManifest` and
+    :class:`~precompile.record.RecordManifest`."""
+
+    _FIELDS: tuple[str, ...]
+    signature: dict[str, Any] | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict of every field (``signature`` only when signed)."""
+        out = {name: getattr(self, name) for name in self._FIELDS}
+        if self.signature is not None:
+            out["signature"] = self.signature
+        return out
+
+    def to_json(self) -> bytes:
+        """UTF-8 JSON, keys sorted, indented: the bytes stored as the manifest blob."""
+        return json.dumps(self.to_dict(), sort_keys=True, indent=1, allow_nan=False).encode()
+
+
 @dataclass
-class Manifest:
+class Manifest(ManifestJSON):
     """Parsed manifest.  ``to_dict()`` is JSON-ready; ``Manifest.from_dict(m.to_dict()) == m``.
 
     Attributes:
@@ -81,18 +102,6 @@ class Manifest:
 
     _FIELDS = ("schema", "key", "factors", "placeholders", "parts", "kernels", "autotune", "alignment", "env",
                "blobs", "build", "calling", "shapes")
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict of every field (``signature`` only when signed, so unsigned manifests keep their
-        bytes)."""
-        out = {name: getattr(self, name) for name in self._FIELDS}
-        if self.signature is not None:
-            out["signature"] = self.signature
-        return out
-
-    def to_json(self) -> bytes:
-        """UTF-8 JSON, keys sorted, indented: the bytes stored as the manifest blob."""
-        return json.dumps(self.to_dict(), sort_keys=True, indent=1, allow_nan=False).encode()
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Manifest:

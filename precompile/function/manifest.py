@@ -8,7 +8,6 @@ carry no kind.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +16,7 @@ from cache_backends.base import HEX64
 from precompile import config
 from precompile.errors import ArtifactFormatError, UnsafePathError
 from precompile.function.key import KIND
+from precompile.manifest import ManifestJSON, load_json
 
 #: Bounds on what a manifest may list: far above any real function, small enough to parse safely.
 MAX_GRAPHS = 4096
@@ -33,7 +33,7 @@ def is_function_doc(doc: object) -> bool:
 
 
 @dataclass
-class FunctionManifest:
+class FunctionManifest(ManifestJSON):
     """Parsed whole-function manifest; ``FunctionManifest.from_dict(m.to_dict()) == m``.
 
     Attributes:
@@ -67,17 +67,6 @@ class FunctionManifest:
 
     _FIELDS = ("schema", "kind", "key", "factors", "parts", "graphs", "sources", "frames", "env", "blobs", "build")
 
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict of every field (``signature`` only when signed)."""
-        out = {name: getattr(self, name) for name in self._FIELDS}
-        if self.signature is not None:
-            out["signature"] = self.signature
-        return out
-
-    def to_json(self) -> bytes:
-        """UTF-8 JSON, keys sorted, indented: the bytes stored as the manifest blob."""
-        return json.dumps(self.to_dict(), sort_keys=True, indent=1, allow_nan=False).encode()
-
     def total_bytes(self) -> int:
         """Sum of the sizes of its own blobs, bytes (the graph artifacts it names are counted apart)."""
         return sum(int(b["size"]) for b in self.blobs.values())
@@ -107,8 +96,6 @@ class FunctionManifest:
     @classmethod
     def from_json(cls, raw: bytes) -> FunctionManifest:
         """Parse manifest bytes (see :meth:`from_dict`)."""
-        from precompile.manifest import load_json
-
         return cls.from_dict(load_json(raw))
 
 
