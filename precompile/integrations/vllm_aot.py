@@ -148,14 +148,21 @@ def _restore(cache: Any, key: str, path: str) -> bool:
     stored = store.read(cache, key)
     if stored is None:
         return False
+    return write_for_vllm(path, stored.dynamo, "vLLM's AOT artifact")
+
+
+def write_for_vllm(path: str, data: bytes, what: str) -> bool:
+    """Write verified ``data`` to ``path``, a file vLLM reads (a path vLLM computed, never one from the cache),
+    atomically (a temp file, then :func:`os.replace`); False (logged) if it cannot be written: vLLM then does the
+    work itself."""
     tmp = f"{path}.{os.getpid()}.precompile.tmp"
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(tmp, "wb") as f:
-            f.write(stored.dynamo)
+            f.write(data)
         os.replace(tmp, path)
     except OSError as err:
-        log.warning("cannot write vLLM's AOT artifact to %s (%s); vLLM traces instead", path, err)
+        log.warning("cannot write %s to %s (%s); vLLM does the work itself", what, path, err)
         try:
             os.unlink(tmp)
         except OSError:

@@ -2,7 +2,7 @@
 
 Before a vLLM start builds anything, its model registry inspects the model's class (``_ModelInfo``: is it a text
 generation model, does it support pipeline parallelism, ...) in a subprocess that imports vLLM, torch and the model
-module: about 7 s on CPU.  vLLM keeps the answer at ``$VLLM_CACHE_ROOT/modelinfos/<module>-<class>.json``, keyed
+module: about 8 s on a 2-core CPU.  vLLM keeps the answer at ``$VLLM_CACHE_ROOT/modelinfos/<module>-<class>.json``, keyed
 by the hash of the model module's source, on one machine's disk.  This module keeps the same JSON in precompile's
 cache as a record (:mod:`precompile.record`, purpose ``vllm_modelinfo``), so that a new machine of the fleet finds
 it there:
@@ -185,19 +185,11 @@ def restore(entry: Any, module_hash: str) -> bool:
     except Exception as err:  # noqa: BLE001 - a cache failure leaves vLLM's own behaviour
         log.warning("precompile could not read vLLM's modelinfo record (%s: %s)", type(err).__name__, err)
         return False
+    from precompile.integrations.vllm_aot import write_for_vllm
+
     path = os.path.join(entry._get_cache_dir(), entry._get_cache_filename())
-    tmp = f"{path}.{os.getpid()}.precompile.tmp"
-    try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump({"hash": module_hash, "modelinfo": modelinfo}, f, indent=2)
-        os.replace(tmp, path)
-    except OSError as err:
-        log.warning("cannot write vLLM's modelinfo to %s (%s); vLLM inspects the class itself", path, err)
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+    if not write_for_vllm(path, json.dumps({"hash": module_hash, "modelinfo": modelinfo}, indent=2).encode(),
+                          "vLLM's modelinfo"):
         return False
     safe_incr(cache, record_hits=1)
     log.info("vLLM modelinfo of %s.%s restored from the cache (record %s)", entry.module_name, entry.class_name,
