@@ -48,9 +48,9 @@ def test_a_graph_with_a_fused_kernel_is_not_expressible_and_says_why():
         wrapper_graph(gm, [torch.randn(8)])
 
 
-def _launching_graph():
+def _launching_graph(launches: int = 1):
     """A wrapper graph as Inductor's FX wrapper writes one for a GPU graph: buffers, a view, a library call
-    into a buffer, sizes read from an input, and a Triton kernel launch over the buffer."""
+    into a buffer, sizes read from an input, and ``launches`` Triton kernel launches over the buffer."""
     g = torch.fx.Graph()
     x, w, b = g.placeholder("x"), g.placeholder("w"), g.placeholder("b")
     n = g.call_function(torch.ops.aten.sym_size.int, (x, 0))
@@ -59,9 +59,10 @@ def _launching_graph():
     view = g.call_function(torch.as_strided, (w, (16, 8), (1, 16), 0))
     g.call_function(torch.ops.aten.addmm.out, (b, x, view), {"alpha": 1, "beta": 1, "out": buf})
     numel = g.call_function(operator.mul, (n, 8))
-    g.call_function(tkw.triton_kernel_wrapper_mutation, (), {
-        "kernel_idx": 0, "constant_args_idx": 0, "grid": [(numel, 1, 1)], "tma_descriptor_metadata": {},
-        "kwargs": {"in_out_ptr0": buf, "xnumel": numel, "XBLOCK": 256}})
+    for _ in range(launches):
+        g.call_function(tkw.triton_kernel_wrapper_mutation, (), {
+            "kernel_idx": 0, "constant_args_idx": 0, "grid": [(numel, 1, 1)], "tma_descriptor_metadata": {},
+            "kwargs": {"in_out_ptr0": buf, "xnumel": numel, "XBLOCK": 256}})
     g.output((buf,))
     return graph_to_json(torch.fx.GraphModule(torch.nn.Module(), g))
 
@@ -163,11 +164,12 @@ class BoundLaunch:
 
 def test_a_launcher_with_bind_is_called_directly_with_the_cubins_arguments_in_order():
     launch = BoundLaunch()
-    fn = build(json.loads(json.dumps(_launching_graph())), launch)
+    fn = build(json.loads(json.dumps(_launching_graph(launches=2))), launch)
     x, w, b = torch.randn(5, 16), torch.randn(8, 16), torch.randn(8)
     (out,) = fn(x, w, b)
     assert torch.equal(out, torch.relu(torch.addmm(b, x, w.t())))
-    assert launch.calls == [(1000, 40, 1, 1, 40)] and launch.streams == [0]  # the stream read once per call
+    # two launches on device 0, one read of its stream for the call
+    assert launch.calls == [(1000, 40, 1, 1, 40)] * 2 and launch.streams == [0]
     fn(x, w, b)
     assert launch.streams == [0, 0]
     data = _launching_graph()

@@ -136,20 +136,23 @@ class GraphLaunch:
     def bind(self, kernel_idx: int) -> tuple[tuple[str, ...], tuple[str, ...], Any, int]:
         """``(names of the arguments the cubin takes, those of them that are pointers, run(stream, x, y, z,
         *args), device index)`` for kernel ``kernel_idx``: what :func:`precompile.wrapper_codegen.build` calls a
-        launch node with directly (no keyword dicts, no argument packing per call).  ``run`` takes exactly the
-        cubin's arguments: generated from the checked record (its argument count, type codes and integers).
+        launch node with directly (no keyword dicts per call; the arguments' tuple goes to the launcher as it
+        comes, padded only for a kernel with scratch memory).
 
         Raises:
             KeyError: no such kernel.
         """
         function, warps, shared, tys, passed, scratch, device = self._kernels[kernel_idx]
-        names = [f"a{i}" for i in range(len(passed))]
-        packed = "".join(f"{n}, " for n in names) + "None, " * scratch
-        code = (f"def run(stream, x, y, z, {''.join(n + ', ' for n in names)}):\n"
-                f"    launch(function, x, y, z, {warps}, {shared}, tys, ({packed}), stream)")
-        scope = {"launch": self._launch, "function": function, "tys": tys, "__builtins__": {}}
-        exec(compile(code, f"<precompile launch {kernel_idx}>", "exec"), scope)  # noqa: S102 - generated from ints
-        return passed, tuple(a for a, t in zip(passed, tys) if t == "O"), scope["run"], device
+        launch, pad = self._launch, (None,) * scratch
+
+        if scratch:
+            def run(stream: int, x: int, y: int, z: int, *args: Any) -> None:
+                launch(function, x, y, z, warps, shared, tys, args + pad, stream)
+        else:
+            def run(stream: int, x: int, y: int, z: int, *args: Any) -> None:
+                launch(function, x, y, z, warps, shared, tys, args, stream)
+
+        return passed, tuple(a for a, t in zip(passed, tys) if t == "O"), run, device
 
     def __call__(self, *, kernel_idx: int, constant_args_idx: int, grid: list[Any],
                  tma_descriptor_metadata: dict[str, Any], kwargs: dict[str, Any]) -> None:
