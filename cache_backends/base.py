@@ -22,8 +22,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
-from collections import Counter
 from abc import ABC, abstractmethod
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Final
@@ -159,7 +159,7 @@ class Cache(ABC):
     url: str
     read_only: bool = False
     #: Public keys (``ed25519:<hex>`` or key files) from the URL's ``verify_keys=`` option; added to
-    #: ``PRECOMPILE_VERIFY_KEYS`` for loads from this cache (:func:`precompile.trust.policy`).
+    #: ``PRECOMPILE_VERIFY_KEYS`` for loads from this cache (:func:`precompile.artifact.trust.policy`).
     verify_keys: tuple[str, ...] = ()
     #: Path of the private key from the URL's ``signing_key=`` option; stored manifests are signed with it.
     signing_key: str | None = None

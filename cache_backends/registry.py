@@ -12,13 +12,14 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Sequence
+from typing import Any
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from cache_backends.base import Cache
 from precompile import config
 from precompile.errors import CacheError, CacheUnavailableError, CacheURLError, TrustConfigError
 
-#: Query options every backend's URL may carry: keys of signed artifacts (:mod:`precompile.trust`).
+#: Query options every backend's URL may carry: keys of signed artifacts (:mod:`precompile.artifact.trust`).
 TRUST_OPTIONS = ("verify_keys", "signing_key")
 
 _BACKENDS: dict[str, Callable[[str], Cache]] = {}
@@ -57,7 +58,7 @@ def open_cache(url: str | Cache | Sequence[str] | None = None, *, create: bool =
             :class:`cache_backends.tiered.TieredCache`), an already open :class:`Cache` (returned as is), or
             None for ``$PRECOMPILE_CACHE``, else the embedded default ``$XDG_CACHE_HOME/precompile``
             (``~/.cache/precompile``).  Any URL may carry ``verify_keys=`` (comma-separated ``ed25519:<hex>``
-            public keys or key files) and ``signing_key=`` (a private key's path): see :mod:`precompile.trust`;
+            public keys or key files) and ``signing_key=`` (a private key's path): see :mod:`precompile.artifact.trust`;
             a tiered cache uses its tiers' keys together.
         create: False for commands that read or tidy a cache: a local directory that does not exist is an error
             instead of a new, empty cache (nothing is created).  Remote tiers are not contacted here (see
@@ -92,7 +93,7 @@ def _open(url: str | Sequence[str], create: bool) -> Cache:
         from cache_backends.tiered import TieredCache
 
         near, far = _open(tiers[0], create), _open(tiers[1], create)
-        tiered = TieredCache(near, far)
+        tiered = TieredCache(near, far, refuses=refused_by_trust)
         tiered.verify_keys = near.verify_keys + far.verify_keys
         tiered.signing_key = near.signing_key or far.signing_key
         return tiered
@@ -148,7 +149,7 @@ def _split_trust_options(url: str) -> tuple[str, dict[str, str]]:
             if name in trust:
                 raise CacheURLError(f"option {name!r} given twice in cache URL {url!r}")
             trust[name] = value
-    from precompile import trust as trust_mod
+    from precompile.artifact import trust as trust_mod
 
     try:
         trust_mod.parse_verify_keys(trust.get("verify_keys", ""))
@@ -210,3 +211,16 @@ class _Quiet(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         return record.thread != self.thread
+
+
+def refused_by_trust(cache: Cache, manifest: Any) -> bool:
+    """Whether the verify keys configured for ``cache`` (``PRECOMPILE_VERIFY_KEYS`` and its URL's) refuse a parsed
+    manifest: True only when a key is configured and the manifest's signature does not check under it.
+
+    Raises:
+        TrustConfigError: a configured key cannot be read.
+    """
+    from precompile.artifact import trust
+
+    policy = trust.policy(cache)
+    return policy.required and not policy.check(manifest).ok

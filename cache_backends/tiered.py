@@ -14,7 +14,7 @@ Opened from a list of URLs, or one string with the URLs separated by ``|`` (firs
   local tier cannot answer a blob read or existence check by itself and the remote fails, the call raises
   :class:`CacheUnavailableError` rather than report the blobs missing: "could not ask" is never taken for
   "not there", so a transient remote error never gets an intact artifact's ref dropped fleet-wide.
-- With verify keys configured (:mod:`precompile.trust`), a ref found only remotely is backfilled only if its
+- With verify keys configured (:mod:`precompile.artifact.trust`), a ref found only remotely is backfilled only if its
   manifest's signature checks: an unsigned or badly signed entry never reaches the local tier.
 - Build leases are the remote's; with the remote down, a build is a plain local build.  With a read-only remote
   (serving workers) a miss waits while another worker holds the lease, and builds locally otherwise.
@@ -66,8 +66,9 @@ class TieredCache(Cache):
         remote_errors: remote failures seen by this process (also counted in the local tier's ``remote_errors``).
     """
 
-    def __init__(self, local: Cache, remote: Cache):
+    def __init__(self, local: Cache, remote: Cache, *, refuses: Callable[[Cache, Any], bool]):
         self.local = local
+        self._refuses = refuses
         self.remote = remote
         self.url = f"{local.url}|{remote.url}"
         self.read_only = local.read_only and remote.read_only
@@ -213,8 +214,6 @@ class TieredCache(Cache):
     def _backfill_artifact(self, key: str, digest: str) -> None:
         """Copy a remote-only artifact (manifest, every blob it names, then the ref) into the local tier, if its
         manifest's signature checks under the verify keys configured (any, when none are)."""
-        from precompile import trust
-
         try:
             got = self.remote.get_blobs([digest])
         except CacheError as err:
@@ -227,8 +226,7 @@ class TieredCache(Cache):
             names = manifest_digests(manifest)  # type: ignore[arg-type]
         except ValueError:
             return
-        policy = trust.policy(self)
-        if policy.required and not policy.check(json.loads(manifest)).ok:  # type: ignore[arg-type]
+        if self._refuses(self, json.loads(manifest)):  # type: ignore[arg-type]
             if len(self._held) >= 16:
                 self._held.clear()
             self._held[digest] = manifest  # type: ignore[assignment]

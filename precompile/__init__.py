@@ -15,17 +15,17 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from precompile._version import __version__
 
 _LAZY = {
     "compile": "precompile.function.compiled",
     "CompiledFunction": "precompile.function.compiled",
-    "standalone_compile": "precompile.build",
-    "load": "precompile.loading",
-    "Artifact": "precompile.artifact",
-    "Manifest": "precompile.manifest",
+    "standalone_compile": "precompile.build.standalone",
+    "load": "precompile.store.loading",
+    "Artifact": "precompile.loader.artifact",
+    "Manifest": "precompile.artifact.manifest",
     "open_cache": "cache_backends.registry",
-    "backend": "precompile.capture",
+    "backend": "precompile.build.capture",
 }
 _ERRORS = (
     "PrecompileError",
@@ -54,13 +54,13 @@ __all__ = sorted(_LAZY)
 
 if TYPE_CHECKING:  # pragma: no cover
     from cache_backends.registry import open_cache
-    from precompile.artifact import Artifact
-    from precompile.loading import load
-    from precompile.build import standalone_compile
-    from precompile.capture import backend
-    from precompile.function.compiled import CompiledFunction, compile  # noqa: A004
+    from precompile.artifact.manifest import Manifest
+    from precompile.build.capture import backend
+    from precompile.build.standalone import standalone_compile
     from precompile.errors import *  # noqa: F403
-    from precompile.manifest import Manifest
+    from precompile.function.compiled import CompiledFunction, compile  # noqa: A004
+    from precompile.loader.artifact import Artifact
+    from precompile.store.loading import load
 
 
 def __getattr__(name: str) -> Any:

@@ -12,15 +12,18 @@ temporary directory by setting the environment before the call.
 | ``PRECOMPILE_ENGINE`` | ``auto`` (fast path where the artifact offers one) or ``portable`` (always rebuild through Inductor's cache entries) | ``auto`` |
 | ``PRECOMPILE_VLLM_PLATFORM`` | ``0`` (or false/no/off) keeps precompile's vLLM platform plugin inactive, ``1`` (or true/yes/on) lets it take part (see ``precompile.integrations.vllm_platform``) | ``1`` |
 | ``PRECOMPILE_PRIME`` | whether a fast load replays the graph's library calls (cuBLAS, cuDNN, attention) in background threads, started once the manifest is verified, that the first call waits for (see ``precompile.inductor.prime``): ``off``, ``on`` (GPU graphs) or ``all`` (CPU graphs too) | ``on`` |
-| ``PRECOMPILE_REWRITES`` | ``on``: choices for a short first call, made before the key: exact graph rewrites (``precompile.passes``: a GPU matmul with an inner dimension of 1 becomes a multiply, so that a first call loads no cuBLAS kernel for it) and, for CUDA graphs, flash and memory-efficient attention ahead of cuDNN's (``precompile.sdpa``: no per-process cuDNN plan build); ``off`` compiles the graph as given under torch's own choices, for bits equal to torch's own compile of it | ``on`` |
+| ``PRECOMPILE_REWRITES`` | ``on``: choices for a short first call, made before the key: exact graph rewrites (``precompile.key.passes``: a GPU matmul with an inner dimension of 1 becomes a multiply, so that a first call loads no cuBLAS kernel for it) and, for CUDA graphs, flash and memory-efficient attention ahead of cuDNN's (``precompile.key.sdpa``: no per-process cuDNN plan build); ``off`` compiles the graph as given under torch's own choices, for bits equal to torch's own compile of it | ``on`` |
 | ``PRECOMPILE_EXPLAIN`` | ``1``: on a miss, ``standalone_compile`` logs the closest stored artifact and the factors that differ (reads every stored manifest: for debugging) | ``0`` |
 | ``PRECOMPILE_SIGNING_KEY`` | builders: path of the Ed25519 private key (PEM) every stored or saved manifest is signed with; its public key is trusted too | unset: nothing signed |
 | ``PRECOMPILE_VERIFY_KEYS`` | serving workers: comma-separated Ed25519 public keys (``ed25519:<64 hex>``, or files of them / PEM); set, only artifacts signed by one of them load | unset: nothing checked |
 
+The ``precompile`` logger's handler and level are set here too (:func:`setup_logging`), for the command line,
+warmup's workers and the vLLM adaptor.
+
 A variable that holds a value precompile does not accept is a :class:`~precompile.errors.ConfigError` naming the
 variable, never a silent default.
 
-The keys are parsed once per distinct value (:mod:`precompile.trust`); a cache URL may add its own
+The keys are parsed once per distinct value (:mod:`precompile.artifact.trust`); a cache URL may add its own
 (``verify_keys=``, ``signing_key=``).
 """
 
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from pathlib import Path
 
 from precompile.errors import ConfigError
@@ -174,7 +178,7 @@ def signing_key_path() -> str | None:
 
 def verify_keys_text() -> str:
     """``PRECOMPILE_VERIFY_KEYS`` as given (comma-separated keys or key files; empty when unset); parsed by
-    :func:`precompile.trust.parse_verify_keys`."""
+    :func:`precompile.artifact.trust.parse_verify_keys`."""
     return os.environ.get("PRECOMPILE_VERIFY_KEYS", "").strip()
 
 
@@ -194,8 +198,8 @@ def prime_mode() -> str:
 
 
 def rewrites_enabled() -> bool:
-    """Whether :mod:`precompile.passes` rewrites graphs, and CUDA graphs are compiled with flash attention ahead of
-    cuDNN's (:mod:`precompile.sdpa`), before the key, from ``PRECOMPILE_REWRITES`` (``on``, the
+    """Whether :mod:`precompile.key.passes` rewrites graphs, and CUDA graphs are compiled with flash attention ahead of
+    cuDNN's (:mod:`precompile.key.sdpa`), before the key, from ``PRECOMPILE_REWRITES`` (``on``, the
     default, or ``off``).  The key describes the graph compiled either way, so the setting needs no key factor.
 
     Raises:
@@ -206,3 +210,20 @@ def rewrites_enabled() -> bool:
     if mode not in ("on", "off"):
         raise ConfigError(f"PRECOMPILE_REWRITES must be on or off, got {raw!r}")
     return mode == "on"
+
+
+def setup_logging(quiet: bool = False, verbose: bool = False) -> None:
+    """Send the ``precompile`` logger to stderr at WARNING (quiet), INFO (default) or DEBUG (verbose);
+    ``PRECOMPILE_LOG`` overrides the level.
+
+    Raises:
+        ConfigError: ``PRECOMPILE_LOG`` names no level.
+    """
+    level = log_level() or ("DEBUG" if verbose else "WARNING" if quiet else "INFO")
+    logger = logging.getLogger("precompile")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
+        logger.addHandler(handler)
+    logger.setLevel(level)
+    logger.propagate = False

@@ -26,6 +26,7 @@ sidecar.
 
 from __future__ import annotations
 
+import logging
 import threading
 from bisect import bisect_left
 from typing import TYPE_CHECKING, Any
@@ -58,6 +59,8 @@ _counts: dict[tuple[str, tuple[str, ...]], float] = {}
 _hists: dict[tuple[str, tuple[str, ...]], list[float]] = {}  # bucket counts (+Inf last), then the sum
 _notes = threading.local()
 _registry: CollectorRegistry | None = None
+
+log = logging.getLogger("precompile")
 
 
 def _inc(name: str, labels: tuple[str, ...] = (), value: float = 1.0) -> None:
@@ -243,3 +246,26 @@ def cache_exposition(cache: Cache) -> bytes:
 _GAUGE_DOCS = {"hit_rate": "hits / (hits + misses) of the cache's counters",
                "bytes_stored": "Bytes the cache stores (compressed, as stored)",
                "max_bytes": "Size cap of the cache, bytes"}
+
+
+def safe_incr(cache: Cache, **counts: int) -> None:
+    """``cache.incr(**counts)``, never raising: a counter that cannot be updated is logged at debug level."""
+    try:
+        cache.incr(**counts)
+    except Exception as err:  # noqa: BLE001 - counters must never fail a call
+        log.debug("counter update failed on %s: %s", cache.url, err)
+
+
+_warned: set[tuple[str, str]] = set()
+
+
+def warn_once(cache: Cache, message: str, kind: str | None = None) -> None:
+    """Log ``message`` as a warning once per cache URL and ``kind`` (default: the message's first 40 characters);
+    repeats go to the debug level.  Give a ``kind`` for messages that name an artifact key, so that a cache that
+    fails the same way for every key is reported once, not once per key."""
+    tag = (cache.url, kind or message[:40])
+    if tag not in _warned:
+        _warned.add(tag)
+        log.warning(message)
+    else:
+        log.debug(message)

@@ -1,4 +1,4 @@
-"""Worker process for tests/test_local_counters.py: hammers one LocalCache directory from a real process.
+"""Worker process for tests/cache_backends/test_local_counters.py: hammers one LocalCache directory from a real process.
 
 Usage: python tests/_cache_worker.py ROOT WORKER_ID ROUNDS GO_FILE [MAX_BYTES]
 

@@ -21,7 +21,7 @@ RECIPE = "tests.fixtures_models:tiny_mlp"
 
 def cli(*args: str, env: dict | None = None, check: bool = True, cwd: str | None = None,
         timeout: float = 600) -> subprocess.CompletedProcess:
-    """Run ``python -m precompile ARGS`` in a fresh process (tests/test_cli.py runs the console script)."""
+    """Run ``python -m precompile ARGS`` in a fresh process (tests/cli/test_cli.py runs the console script)."""
     proc = subprocess.run([sys.executable, "-m", "precompile", *args], capture_output=True, text=True,
                           cwd=cwd or REPO, env=python_env(env), timeout=timeout)
     if check and proc.returncode != 0:
@@ -48,7 +48,7 @@ def store_variant(url: str, key: str, edit: Callable[[dict[str, Any]], None]) ->
     the variant's key (computed from its edited factors)."""
     from cache_backends.base import digest_bytes
     from cache_backends.registry import open_cache
-    from precompile.graph import canonical_json
+    from precompile.key.graph import canonical_json
 
     cache = open_cache(url)
     manifest = json.loads(cache.get_blob(cache.get_ref(key)))

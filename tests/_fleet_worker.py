@@ -1,4 +1,4 @@
-"""A serving worker for tests/test_fleet.py: a real process that gets one artifact through a shared cache.
+"""A serving worker for tests/store/test_fleet.py: a real process that gets one artifact through a shared cache.
 
 Usage: python tests/_fleet_worker.py CACHE_URL READY_DIR GO_FILE [WIDTH]
 
@@ -24,10 +24,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 def main() -> int:
     url, ready, go = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
     width = int(sys.argv[4]) if len(sys.argv) > 4 else 32
+    import _graphs
     import torch
     from torch._dynamo.utils import counters
 
-    import _graphs
     import precompile
     from precompile.cli import setup_logging
 

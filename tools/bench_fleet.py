@@ -150,7 +150,7 @@ def run_worker(a: argparse.Namespace) -> dict:
 
     import precompile
     from precompile.cli import setup_logging
-    from precompile.models import get_recipe, parse_shapes
+    from precompile.recipes.catalog import get_recipe, parse_shapes
 
     setup_logging(quiet=True)
     recipe = get_recipe(a.model, config=a.config)

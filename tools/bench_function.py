@@ -60,7 +60,7 @@ def make(case):
         m = MLP().to(DEVICE).eval()
         return m, m.forward, (torch.randn(4, 64, device=DEVICE),), None
     if case == "llama":
-        from precompile.models import get_recipe
+        from precompile.recipes.catalog import get_recipe
         m = get_recipe("llama", device=DEVICE).model().eval()
         ids = torch.randint(0, 1024, (1, 24), device=DEVICE)
         return m, m.forward, (ids,), True

@@ -48,8 +48,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent)]
 
-from tools.bench_load_phases import (  # noqa: E402 - after the repository root is on the path
-    phase_build, phase_build_ours, phase_eager, phase_load)
+from tools.bench_load_phases import phase_build, phase_build_ours, phase_eager, phase_load  # noqa: E402 - after the repository root is on the path
 
 
 def _args(argv=None) -> argparse.Namespace:
@@ -246,7 +245,7 @@ def main(argv=None) -> int:
     con.print(table)
     con.print(f"freshly compiled steady call: {result['compiled_call_ms']:.3f} ms; outputs equal to the fresh "
               f"compile: torch {t['matches']}, precompile {o['matches']} (to its own fresh compile, which "
-              f"precompile.passes may have rewritten: {o['matches_own']}); precompile engine: {o['engine']}")
+              f"precompile.key.passes may have rewritten: {o['matches_own']}); precompile engine: {o['engine']}")
     con.print(f"steady call, loaded vs fresh compile alternating in one process: {build['paired_loaded_ms']:.3f} vs "
               f"{build['paired_fresh_ms']:.3f} ms ({100 * (result['paired_loaded_vs_fresh'] - 1):+.1f}%, "
               f"{build['paired_engine']} engine)")

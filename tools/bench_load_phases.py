@@ -58,8 +58,8 @@ def _first(out):
 
 def _graph(a: argparse.Namespace):
     """The model's one Dynamo graph, its example inputs and the Inductor options, as every build phase uses."""
-    from precompile.capture import capture_graphs
-    from precompile.models import get_recipe, parse_shapes
+    from precompile.build.capture import capture_graphs
+    from precompile.recipes.catalog import get_recipe, parse_shapes
 
     recipe = get_recipe(a.model, config=a.config, device=a.device, dtype=a.dtype)
     (shape,) = parse_shapes(a.shape)
@@ -124,8 +124,8 @@ def _signed_cache(work: Path, url: str, key: str) -> dict:
     signature check (canonical JSON of the manifest + Ed25519 verify), ms."""
     import precompile
     from cache_backends.registry import open_cache
-    from precompile import trust
-    from precompile.cache_io import store
+    from precompile.artifact import trust
+    from precompile.store.cache_io import store
 
     key_path = work / "signing.pem"
     key_path.unlink(missing_ok=True)  # a work dir used again: a fresh key
@@ -188,7 +188,7 @@ def phase_eager(a: argparse.Namespace, work: Path) -> dict:
     to the device are not timed."""
     import torch
 
-    from precompile.models import get_recipe, parse_shapes
+    from precompile.recipes.catalog import get_recipe, parse_shapes
 
     recipe = get_recipe(a.model, config=a.config, device=a.device, dtype=a.dtype)
     (shape,) = parse_shapes(a.shape)

@@ -97,7 +97,7 @@ def build_case(name: str, device: str) -> Case:
         model, inputs = recipes.decode_step(batch=4, cache_len=64, d=256, dtype=dtype, device=device)
         return Case(model, tuple(inputs.values()))
     if name == "llama_dynamic_seq":
-        from precompile.models import get_recipe
+        from precompile.recipes.catalog import get_recipe
 
         recipe = get_recipe("llama", device=device, dtype="bfloat16" if dtype == torch.bfloat16 else None)
         model = recipe.model()

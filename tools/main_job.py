@@ -80,7 +80,7 @@ def worker(args: argparse.Namespace) -> int:
 
     import precompile
     from precompile.cli import human_bytes, setup_logging
-    from precompile.models import get_recipe, parse_shapes
+    from precompile.recipes.catalog import get_recipe, parse_shapes
 
     setup_logging(quiet=True)
     cache = precompile.open_cache(args.cache)

@@ -46,8 +46,8 @@ def _child(a: argparse.Namespace) -> dict:
     import torch
 
     import precompile
-    from precompile.cache_io import load_from_cache
     from precompile.inductor import prime
+    from precompile.store.cache_io import load_from_cache
 
     inputs = torch.load(a.inputs, weights_only=False)
     calls = load_from_cache(a.key, a.cache).manifest.parts["fast"].get("prime")

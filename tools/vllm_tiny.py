@@ -11,7 +11,7 @@ skip_tokenizer_init=True, max_model_len=256, max_num_seqs=2, **JSON)``), generat
 
 The time to first token is measured on a one-token request made right after the engine is up (what a server's
 first request waits for, the engine start included); the tokens come from a second, 8-token request.
-``tools/bench_vllm.py`` and ``tests/test_vllm.py`` run it with the environment of each scenario.
+``tools/bench_vllm.py`` and ``tests/integrations/test_vllm.py`` run it with the environment of each scenario.
 """
 
 from __future__ import annotations

@@ -6,8 +6,8 @@ import json
 
 import click
 
-from precompile.cli import main
 from precompile.cli.common import cache_option, console, human_bytes, open_existing
+from precompile.cli.group import main
 
 
 # ---------------------------------------------------------------------------------------------------- ls
@@ -16,7 +16,7 @@ from precompile.cli.common import cache_option, console, human_bytes, open_exist
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
 def ls_cmd(cache_url: str | None, as_json: bool) -> None:
     """List the artifacts in a cache."""
-    from precompile.lookup import stored_manifests
+    from precompile.store.lookup import stored_manifests
 
     cache = open_existing(cache_url)
     items = []
@@ -102,7 +102,7 @@ def _function_item(key: str, m: dict) -> dict:
               help="Print the wrapper stored as data (a GPU artifact with no host code): its code and kernel table.")
 def inspect(target: str, cache_url: str | None, as_json: bool, show_wrapper: bool) -> None:
     """Show an artifact (by path, key or key prefix): parts, kernels, autotune picks, alignment, env, key factors."""
-    from precompile.lookup import open_target
+    from precompile.store.lookup import open_target
 
     source = open_target(target, lambda: open_existing(cache_url))
     m, where = source.manifest, source.where
@@ -120,7 +120,7 @@ def inspect(target: str, cache_url: str | None, as_json: bool, show_wrapper: boo
         show_function(m, where)
         return
     if m.get("kind") == "record":
-        from precompile.trust import describe
+        from precompile.artifact.trust import describe
 
         console().print(f"record {m.get('key')} (from {where}): {m.get('purpose')}, written "
                         f"{(m.get('build') or {}).get('created')}", markup=False)
@@ -134,7 +134,7 @@ def inspect(target: str, cache_url: str | None, as_json: bool, show_wrapper: boo
     con.print(f"[bold]artifact[/] {m['key']}  (from {where})")
     con.print(f"built {m['build'].get('created')} in {m['build'].get('seconds')} s by precompile "
               f"{m['build'].get('precompile')}; {len(blobs)} blobs, {human_bytes(sum(b['size'] for b in blobs.values()))}")
-    from precompile.trust import describe
+    from precompile.artifact.trust import describe
 
     con.print(describe(m), markup=False)
     fast = m["parts"].get("fast")
@@ -150,7 +150,7 @@ def inspect(target: str, cache_url: str | None, as_json: bool, show_wrapper: boo
     else:
         con.print(f"host code: {m['build'].get('host_code') or 'a Python wrapper'}", markup=False)
     rewrites = m["build"].get("rewrites")
-    if rewrites:  # exact rewrites made before the key (precompile.passes)
+    if rewrites:  # exact rewrites made before the key (precompile.key.passes)
         con.print("graph rewrites before the key: " + ", ".join(f"{name} x{n}" for name, n in rewrites.items()))
     shapes = m.get("shapes") or {}
     if shapes.get("symbols"):

@@ -4,9 +4,17 @@ from __future__ import annotations
 
 import click
 
-from precompile.cli import main
-from precompile.cli.common import cache_option, console, echo_json, human_bytes, open_existing, open_for_write
-from precompile.cli.common import progress_bar, table
+from precompile.cli.common import (
+    cache_option,
+    console,
+    echo_json,
+    human_bytes,
+    open_existing,
+    open_for_write,
+    progress_bar,
+    table,
+)
+from precompile.cli.group import main
 
 
 @main.command(name="export")
@@ -18,8 +26,8 @@ from precompile.cli.common import progress_bar, table
 def export_cmd(keys: tuple[str, ...], cache_url: str | None, output: str, export_all: bool, as_json: bool) -> None:
     """Write artifacts KEYS (keys or unique key prefixes) into one bundle file: every blob each ref reaches, with
     a checksum.  `precompile import FILE` loads it into another cache (an air-gapped cluster)."""
-    from precompile.bundle import export
-    from precompile.lookup import resolve_key
+    from precompile.ops.bundle import export
+    from precompile.store.lookup import resolve_key
 
     if not keys and not export_all:
         click.echo("Error: give KEY... or --all", err=True)
@@ -48,7 +56,7 @@ def export_cmd(keys: tuple[str, ...], cache_url: str | None, output: str, export
 def import_cmd(bundle: str, cache_url: str | None, as_json: bool) -> None:
     """Check bundle file BUNDLE whole (checksum, every blob's digest, every artifact complete), then write its
     blobs and refs into the cache.  A bundle that fails a check is refused and nothing is written."""
-    from precompile.bundle import check_bundle, import_bundle
+    from precompile.ops.bundle import check_bundle, import_bundle
 
     try:
         # a bundle that fails a check is refused before the cache is even opened (and leaves no progress bar)

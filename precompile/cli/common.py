@@ -1,33 +1,12 @@
-"""What every command shares: logging set-up, sizes in words, consoles, the ``--cache`` option, opening a cache."""
+"""What every command shares: sizes in words, consoles, the ``--cache`` option, opening a cache."""
 
 from __future__ import annotations
 
 import json
-import logging
 import shutil
-import sys
 from typing import Any
 
 import click
-
-from precompile import config
-
-
-def setup_logging(quiet: bool = False, verbose: bool = False) -> None:
-    """Send the ``precompile`` logger to stderr at WARNING (quiet), INFO (default) or DEBUG (verbose);
-    ``PRECOMPILE_LOG`` overrides the level.
-
-    Raises:
-        ConfigError: ``PRECOMPILE_LOG`` names no level.
-    """
-    level = config.log_level() or ("DEBUG" if verbose else "WARNING" if quiet else "INFO")
-    logger = logging.getLogger("precompile")
-    if not logger.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
-        logger.addHandler(handler)
-    logger.setLevel(level)
-    logger.propagate = False
 
 
 def human_bytes(n: float) -> str:

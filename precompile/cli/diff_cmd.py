@@ -7,8 +7,8 @@ from typing import Any
 
 import click
 
-from precompile.cli import main
 from precompile.cli.common import cache_option, console, echo_json, open_existing, table
+from precompile.cli.group import main
 
 
 def _value(v: Any) -> str:
@@ -41,8 +41,8 @@ def diff(a: str, b: str | None, cache_url: str | None, count: int, as_json: bool
 
     With A alone: the stored artifacts nearest to A, and why each is not A (what a process that computed A's key
     would have missed)."""
-    from precompile.diff import compare, nearest
-    from precompile.lookup import open_target, stored_manifests
+    from precompile.store.diff import compare, nearest
+    from precompile.store.lookup import open_target, stored_manifests
 
     cache = _opener(cache_url)
     left = open_target(a, cache)
@@ -110,8 +110,8 @@ def explain(target: str, cache_url: str | None, from_url: str | None, as_json: b
     machine) is or would be a miss in the cache: whether its key is stored there and, if not, the closest stored
     artifact and the factors that differ.  PRECOMPILE_EXPLAIN=1 makes every miss of standalone_compile log the
     same line."""
-    from precompile.diff import explain_miss, nearest
-    from precompile.lookup import open_target, stored_manifests
+    from precompile.store.diff import explain_miss, nearest
+    from precompile.store.lookup import open_target, stored_manifests
 
     cache = _opener(cache_url)
     source = open_target(target, _opener(from_url) if from_url else cache)

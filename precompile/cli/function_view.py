@@ -13,8 +13,8 @@ def show_function(m: dict[str, Any], where: str) -> None:
     each source with its hash and whether it still matches here, each frame's guards, and the key factors."""
     from rich.table import Table
 
+    from precompile.artifact.trust import describe
     from precompile.function.sources import changed
-    from precompile.trust import describe
 
     con = console()
     build, factors = m.get("build") or {}, m.get("factors") or {}

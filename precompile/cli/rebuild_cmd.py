@@ -6,8 +6,8 @@ import sys
 
 import click
 
-from precompile.cli import main
 from precompile.cli.common import cache_option, console, echo_json, open_existing, table
+from precompile.cli.group import main
 
 
 @main.command()
@@ -23,8 +23,8 @@ def rebuild(keys: tuple[str, ...], cache_url: str | None, force: bool, as_json: 
 
     Symbolic artifacts are refused (rebuild them by running the model: precompile warmup).  Exits 1 if an
     artifact failed or was refused."""
-    from precompile.lookup import resolve_key
-    from precompile.rebuild import rebuild_one, stale_keys
+    from precompile.ops.rebuild import rebuild_one, stale_keys
+    from precompile.store.lookup import resolve_key
 
     cache = open_existing(cache_url)
     todo = [resolve_key(cache, k) for k in keys] if keys else stale_keys(cache)

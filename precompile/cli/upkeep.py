@@ -7,8 +7,8 @@ import sys
 
 import click
 
-from precompile.cli import main
 from precompile.cli.common import cache_option, console, echo_json, human_bytes, open_existing, progress_bar, table
+from precompile.cli.group import main
 
 
 def _when(ts: float | None) -> str:
@@ -26,7 +26,7 @@ def verify(cache_url: str | None, fix: bool, as_json: bool) -> None:
 
     Prints a table of the problems and a JSON summary; exits 1 if a problem was found (and not fixed).  Nothing
     is changed without --fix.  A dropped ref is a miss: the next compile or warmup rebuilds it."""
-    from precompile import verify as fsck
+    from precompile.ops import verify as fsck
 
     cache = open_existing(cache_url)
     reports, fixes = [], []
@@ -74,8 +74,8 @@ def gc(cache_url: str | None, max_bytes: str | None, older_than: str | None, gra
        as_json: bool) -> None:
     """Evict artifacts by age and/or size, tier by tier: plan, print the table of what goes, then delete (refs
     first, then the blobs no remaining artifact uses)."""
-    from precompile import evict
-    from precompile.verify import tiers
+    from precompile.ops import evict
+    from precompile.ops.verify import tiers
 
     if max_bytes is None and older_than is None:
         click.echo("Error: gc needs --max-bytes SIZE or --older-than AGE", err=True)

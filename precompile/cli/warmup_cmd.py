@@ -12,8 +12,8 @@ from typing import Any
 import click
 
 from precompile import config
-from precompile.cli import main
 from precompile.cli.common import cache_option, console, human_bytes, open_for_write, progress_bar, table
+from precompile.cli.group import main
 
 
 def _usage_error(message: str) -> None:
@@ -45,7 +45,7 @@ def warmup(recipes: tuple[str, ...], shapes: str, config_text: str | None, cache
     Across machines, give each one a shard (--shard I/N, or a Kubernetes Indexed Job's index): the job list
     (recipes x shapes) is split the same way on every machine, and shards that share a Redis build each
     graph once."""
-    from precompile.warmup import make_jobs, parse_shard, run_jobs, select_shard, shard_from_env
+    from precompile.ops.warmup import make_jobs, parse_shard, run_jobs, select_shard, shard_from_env
 
     if options_json:
         try:

@@ -10,8 +10,8 @@ from precompile.cli.common import console
 
 
 def show_wrapper_graph(source: Any, m: dict[str, Any]) -> None:
-    """Print ``m``'s wrapper graph (:func:`precompile.wrapper_text.describe`) and its kernels' launch records, or
-    why the artifact has none.  The graph and records are checked before anything is printed.
+    """Print ``m``'s wrapper graph (:func:`precompile.artifact.wrapper_text.describe`) and its kernels' launch records,
+    or why the artifact has none.  The graph and records are checked before anything is printed.
 
     Raises:
         click.ClickException: a stored part is refused by its checks.
@@ -20,8 +20,8 @@ def show_wrapper_graph(source: Any, m: dict[str, Any]) -> None:
     from rich.table import Table
     from rich.text import Text
 
+    from precompile.artifact.wrapper_text import describe
     from precompile.inductor.cuda_runtime import read_launch
-    from precompile.wrapper_text import describe
 
     con = console()
     part = (m.get("parts") or {}).get("wrapper_graph")

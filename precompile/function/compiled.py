@@ -8,7 +8,7 @@ looks it up.  On a hit it checks the sources Dynamo traced through, loads each g
 and installs Dynamo's stored output — guarded bytecode and resume functions — so that Dynamo's C eval frame runs
 it: no frame is traced, no Inductor or Triton module imported.  On a miss it traces with Dynamo, compiles each
 graph through the cache (:func:`precompile.standalone_compile`), and stores the function: one build per key across
-a fleet (:func:`precompile.coordination.get_or_build`).  A later call that the stored guards refuse (a new size, a
+a fleet (:func:`precompile.store.coordination.get_or_build`).  A later call that the stored guards refuse (a new size, a
 new dtype) is traced as ``torch.compile`` would, counted as a miss (``function_retraces``), and the function is
 stored again with the new entry beside the old ones.
 """
@@ -25,11 +25,12 @@ from typing import Any
 import torch
 
 from cache_backends.base import Cache, digest_bytes
-from precompile import __version__, config, metrics
-from precompile.cache_io import safe_incr
+from precompile import config, metrics
+from precompile._version import __version__
+from precompile.artifact.function_manifest import MAX_TEXT, FunctionManifest
 from precompile.function import key as fkey
 from precompile.function import sources, store
-from precompile.function.manifest import MAX_TEXT, FunctionManifest
+from precompile.metrics import safe_incr
 
 log = logging.getLogger("precompile")
 
@@ -41,12 +42,13 @@ class CompiledFunction:
 
     Attributes:
         key: the whole-function artifact key (64 hex).
-        outcome: ``"hit"``, ``"built"``, ``"waited"`` or ``"takeover"`` (:func:`precompile.coordination.get_or_build`),
-            or ``"uncached"`` when nothing could be stored (no cache, or a frame Dynamo cannot record).
+        outcome: ``"hit"``, ``"built"``, ``"waited"`` or ``"takeover"``
+            (:func:`precompile.store.coordination.get_or_build`), or ``"uncached"`` when nothing could be stored (no
+            cache, or a frame Dynamo cannot record).
         miss_reason: why the stored artifact, if any, was not used (e.g. ``"source changed: ..."``), else None.
         load_seconds: wall seconds of the lookup and install on a hit, or of the first traced call on a miss.
         graphs: ``{compiled-graph name: graph artifact key}``.
-        records: one :class:`precompile.capture.GraphRecord` per graph compiled or loaded by this function.
+        records: one :class:`precompile.build.capture.GraphRecord` per graph compiled or loaded by this function.
         retraces: calls traced after the first because the stored guards refused them.
     """
 
@@ -92,8 +94,8 @@ class CompiledFunction:
 
     def _start(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         from cache_backends.registry import open_cache
-        from precompile.coordination import get_or_build
         from precompile.errors import CacheError, CacheURLError
+        from precompile.store.coordination import get_or_build
 
         config.engine_mode()
         self._factors = fkey.function_factors(self._target, args, kwargs, dynamic=self._dynamic,
@@ -121,8 +123,8 @@ class CompiledFunction:
     # ----------------------------------------------------------------------------------------- a hit
     def _load(self) -> bool | None:
         """Install the stored function, or None on a miss (the reason in :attr:`miss_reason`)."""
-        from precompile.cache_io import load_from_cache
         from precompile.inductor import dynamo_pkg
+        from precompile.store.cache_io import load_from_cache
 
         assert self._cache is not None and self.key is not None
         got = store.read(self._cache, self.key)
@@ -132,7 +134,7 @@ class CompiledFunction:
         why = sources.changed(m.sources)
         if why is not None:
             return self._miss(why, "source_changed")
-        from precompile.capture import GraphRecord
+        from precompile.build.capture import GraphRecord
 
         loaded: dict[str, Any] = {}
         records = []
@@ -178,7 +180,7 @@ class CompiledFunction:
     # ---------------------------------------------------------------------------------------- a build
     def _graph_backend_for(self) -> Any:
         if self._graph_backend is None:
-            from precompile.capture import Backend
+            from precompile.build.capture import Backend
 
             self._graph_backend = Backend(cache=self._cache, options=self._options or None)
         return self._graph_backend
@@ -230,8 +232,8 @@ class CompiledFunction:
             self._store()
 
     def _store(self) -> None:
-        from precompile import fingerprint
         from precompile.inductor import dynamo_pkg
+        from precompile.key import fingerprint
 
         assert self._cache is not None and self.key is not None
         if self._uncacheable:

@@ -7,7 +7,7 @@ What a call of a compiled function looks up depends on nothing Dynamo would have
 | ``function`` | the function's module and qualified name, and the sha256 of its source (of its bytecode where there is no source) |
 | ``args`` | per argument: a tensor's dtype, device, rank, requires_grad (and shape with ``dynamic=False``); a module's class and the name, shape, dtype, device and requires_grad of each parameter and buffer (hashed); a number's or string's type (bools, None and strings: the value) |
 | ``dynamic``, ``fullgraph``, ``options`` | as given to :func:`precompile.compile` |
-| ``ambient`` | grad mode, autocast, ... (:mod:`precompile.ambient`) and the SDPA backends enabled |
+| ``ambient`` | grad mode, autocast, ... (:mod:`precompile.key.ambient`) and the SDPA backends enabled |
 | ``env`` | the key fields of the environment fingerprint |
 | ``format`` | precompile's format version, and ``kind: "function"`` |
 
@@ -28,13 +28,12 @@ from typing import Any
 
 import torch
 
-from precompile import config, fingerprint
-from precompile.ambient import ambient_state
-from precompile.graph import canonical_json
-from precompile.plan import compute_key
-
-#: The kind a function manifest names itself by (graph manifests carry no ``kind``).
-KIND = "function"
+from precompile import config
+from precompile.artifact.function_manifest import KIND
+from precompile.key import fingerprint
+from precompile.key.ambient import ambient_state
+from precompile.key.graph import canonical_json
+from precompile.key.plan import compute_key
 
 
 def code_digest(fn: Callable[..., Any]) -> str:

@@ -1,8 +1,8 @@
 """Whole-function artifacts in a cache: read verified before anything is unpickled, written blobs-then-ref.
 
-The same policy as graph artifacts (:mod:`precompile.cache_io`): the manifest's signature is checked first where
+The same policy as graph artifacts (:mod:`precompile.store.cache_io`): the manifest's signature is checked first where
 verify keys are configured (an unsigned or badly signed entry is a counted miss, nothing of it read further), then
-its structure, every name and every length (:class:`~precompile.function.manifest.FunctionManifest`), then the
+its structure, every name and every length (:class:`~precompile.artifact.function_manifest.FunctionManifest`), then the
 Dynamo part's digest.  Only then may :func:`precompile.inductor.dynamo_pkg.restore` unpickle it.  A damaged entry
 is a miss and its ref is dropped; a cache failure is a miss, logged once and counted, never raised.
 """
@@ -14,9 +14,10 @@ from dataclasses import dataclass
 
 from cache_backends.base import MISS, Cache, digest_bytes
 from precompile import config, metrics
-from precompile.cache_io import drop_ref, read_manifest_doc, safe_incr, warn_once
+from precompile.artifact.function_manifest import FunctionManifest
 from precompile.errors import ArtifactFormatError, CacheError, UnsafePathError
-from precompile.function.manifest import FunctionManifest
+from precompile.metrics import safe_incr, warn_once
+from precompile.store.cache_io import drop_ref, read_manifest_doc
 
 log = logging.getLogger("precompile")
 
@@ -33,7 +34,7 @@ class Stored:
 
 
 def drop(cache: Cache, key: str, why: str) -> None:
-    """Drop the ref of a damaged whole-function entry (:func:`precompile.cache_io.drop_ref`)."""
+    """Drop the ref of a damaged whole-function entry (:func:`precompile.store.cache_io.drop_ref`)."""
     drop_ref(cache, key, why, "function artifact")
 
 
@@ -43,7 +44,7 @@ def read(cache: Cache, key: str) -> Stored | None:
     Raises:
         TrustConfigError: a configured signing or verify key cannot be read.
     """
-    from precompile import trust
+    from precompile.artifact import trust
 
     policy = trust.policy(cache)
     try:
@@ -95,7 +96,7 @@ def write(cache: Cache, manifest: FunctionManifest, dynamo: bytes) -> FunctionMa
     Raises:
         TrustConfigError: the configured signing key cannot be read.
     """
-    from precompile import trust
+    from precompile.artifact import trust
 
     policy = trust.policy(cache)
     manifest = policy.sign(manifest)

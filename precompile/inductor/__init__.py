@@ -15,4 +15,8 @@ Upgrading torch means changing this package only, and private APIs are reached t
 
 Submodules are imported on use: a fast load imports only :mod:`.runtime`, :mod:`.cuda_runtime`, :mod:`.memfd`
 and the load-side functions of :mod:`.shim`, never ``torch._inductor``.
+
+May import: :mod:`precompile.artifact` (names, the wrapper graph), :mod:`precompile.metrics`,
+:mod:`precompile.config` and :mod:`precompile.errors`; nothing that decides keys, stores or loads
+(docs/architecture.md).
 """

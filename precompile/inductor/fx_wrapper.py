@@ -3,8 +3,8 @@
 With ``config.fx_wrapper``, Inductor's ``WrapperFxCodegen`` converts its wrapper IR into a ``GraphModule``
 (``FxConverter``): buffers from ``torch.empty_strided``, views from ``torch.as_strided``, library calls as ATen
 ``.out`` overloads, Triton kernels as ``triton_kernel_wrapper_mutation`` nodes over a kernel side table.
-:func:`wrapper_graph` compiles a graph that way and returns that ``GraphModule``; :mod:`precompile.wrapper_graph`
-stores it as data.
+:func:`wrapper_graph` compiles a graph that way and returns that ``GraphModule``;
+:mod:`precompile.artifact.wrapper_graph` stores it as data.
 
 What Inductor's converter lacks (found on torch 2.11 and 2.13): C++ kernels (a CPU graph with any fused kernel),
 subgraphs, and, on 2.11, symbolic sizes (``vr must not be None``), user Triton kernels and Triton GEMM templates
@@ -152,11 +152,12 @@ def build_wrapper_graph(gm: torch.fx.GraphModule, compile_inputs: list[Any], run
     """
     import json
 
-    from precompile import wrapper_graph as wg
+    from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
+
+    from precompile.artifact import wrapper_graph as wg
     from precompile.inductor import graph_engine, picks, runs
     from precompile.inductor.compile import _build_cache_dir
     from precompile.inductor.cuda_runtime import pack_launch
-    from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
 
     try:
         with _build_cache_dir(cache_dir), picks.replaying(tuned or []):

@@ -11,7 +11,7 @@ first output).  A tiny matmul does not help: each shape loads its own kernel.
 So the build records each distinct call of :data:`LIBRARY_OPS` the fast callable makes on the example inputs
 (:func:`record`: op, overload, and each argument's shape, stride and dtype, or its value), and a load replays
 them on zero-filled tensors in a daemon thread (:func:`start`), started as soon as the cache read has verified the
-manifest (:func:`precompile.engine.start_primer`), so that it runs while the load reads and checks blobs, loads
+manifest (:func:`precompile.loader.engine.start_primer`), so that it runs while the load reads and checks blobs, loads
 binaries and builds launchers.  The loaded callable waits for the thread before its first call
 (:meth:`Primer.wait`), and so does the process's exit (a CUDA op still running in a daemon thread at exit aborts
 the process).  torch keeps cuBLAS and cuDNN handles in per-device pools that a thread returns its handles to when
@@ -29,7 +29,7 @@ What it pays (H100, torch 2.11, docs/benchmarks.md): load + first call 0.134 s a
 Llama, 0.143 against 0.176 s for a Qwen2, 0.305-0.336 s against 0.381-0.422 s for resnet18, whose cuDNN
 convolution set-up carries over from the thread.  Started later (after the blobs were read) it did not pay, and it
 cannot build cuDNN attention's plans, which PyTorch caches per thread: precompile compiles attention to flash or
-memory-efficient kernels instead (:mod:`precompile.sdpa`).  One thread per library (cuDNN beside cuBLAS) was tried
+memory-efficient kernels instead (:mod:`precompile.key.sdpa`).  One thread per library (cuDNN beside cuBLAS) was tried
 and paid nothing more.  So it is on for GPU graphs unless ``PRECOMPILE_PRIME`` says otherwise
 (:func:`precompile.config.prime_mode`: ``off``; ``all`` primes CPU graphs too, which is not measured to pay).
 """

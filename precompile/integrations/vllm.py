@@ -46,7 +46,8 @@ from typing import Any
 import torch
 
 from cache_backends.base import HEX64
-from precompile import __version__, config
+from precompile import config
+from precompile._version import __version__
 
 log = logging.getLogger("precompile")
 
@@ -107,7 +108,7 @@ class PrecompileAdaptor(_interface_base()):  # type: ignore[misc]
 
     def __init__(self, cache: Any = None) -> None:
         if config.log_level():  # vLLM's workers configure no ``precompile`` logger: PRECOMPILE_LOG sends it to stderr
-            from precompile.cli.common import setup_logging
+            from precompile.config import setup_logging
 
             setup_logging()
         self.cache_spec = cache
@@ -186,7 +187,7 @@ class PrecompileAdaptor(_interface_base()):  # type: ignore[misc]
         if not (isinstance(handle, (tuple, list)) and len(handle) == 2 and all(isinstance(h, str) for h in handle)
                 and HEX64.fullmatch(handle[0])):
             raise ValueError(f"not a precompile handle: {handle!r} (expected (64-hex key, label))")
-        from precompile.loading import load
+        from precompile.store.loading import load
 
         t0 = time.perf_counter()
         self._open()
@@ -227,7 +228,7 @@ class PrecompileAdaptor(_interface_base()):  # type: ignore[misc]
 
     def _get(self, graph: torch.fx.GraphModule, example_inputs: list[Any], options: dict[str, Any],
              compile_range: tuple[int, int], key_extra: dict[str, Any], *, runnable: bool) -> Any:
-        from precompile.build import standalone_compile
+        from precompile.build.standalone import standalone_compile
 
         self._open()
         single = compile_range[0] == compile_range[1]

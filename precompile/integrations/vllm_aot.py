@@ -34,7 +34,8 @@ import time
 from datetime import datetime, timezone
 from typing import Any
 
-from precompile import __version__, config
+from precompile import config
+from precompile._version import __version__
 
 log = logging.getLogger("precompile")
 
@@ -89,7 +90,7 @@ def load_through_cache(original: Any, model: Any, path: str) -> Any:
     cache = _cache() if getattr(cc, "backend", None) == "precompile" and entry else None
     if cache is None:
         return original(model, path)
-    from precompile.cache_io import safe_incr
+    from precompile.metrics import safe_incr
 
     t0 = time.perf_counter()
     factors = aot_factors(model, entry)
@@ -122,8 +123,9 @@ def aot_factors(model: Any, entry: str) -> dict[str, Any]:
     """The key factors of vLLM's AOT artifact ``entry`` for ``model`` (see the module docstring)."""
     import vllm
 
-    from precompile import fingerprint
-    from precompile.function.key import KIND, _devices, function_identity
+    from precompile.artifact.function_manifest import KIND
+    from precompile.function.key import _devices, function_identity
+    from precompile.key import fingerprint
 
     return {"format": config.FORMAT_VERSION, "kind": KIND, "function": function_identity(model.forward),
             "vllm": {"version": vllm.__version__, "aot_entry": entry},
@@ -198,10 +200,10 @@ def publish(cache: Any, key: str, factors: dict[str, Any], data: bytes, *, secon
     import torch
 
     from cache_backends.base import digest_bytes
-    from precompile import fingerprint
-    from precompile.cache_io import safe_incr
+    from precompile.artifact.function_manifest import FunctionManifest
     from precompile.function import store
-    from precompile.function.manifest import FunctionManifest
+    from precompile.key import fingerprint
+    from precompile.metrics import safe_incr
 
     if len(data) > _max_bytes():
         log.warning("vLLM's AOT artifact for %s is over %d bytes; not stored", name, _max_bytes())

@@ -4,7 +4,7 @@ Before a vLLM start builds anything, its model registry inspects the model's cla
 generation model, does it support pipeline parallelism, ...) in a subprocess that imports vLLM, torch and the model
 module: about 8 s on a 2-core CPU.  vLLM keeps the answer at ``$VLLM_CACHE_ROOT/modelinfos/<module>-<class>.json``, keyed
 by the hash of the model module's source, on one machine's disk.  This module keeps the same JSON in precompile's
-cache as a record (:mod:`precompile.record`, purpose ``vllm_modelinfo``), so that a new machine of the fleet finds
+cache as a record (:mod:`precompile.store.record`, purpose ``vllm_modelinfo``), so that a new machine of the fleet finds
 it there:
 
 - before vLLM reads its file: if vLLM finds nothing, the record for the same class and module hash is read from
@@ -28,7 +28,8 @@ import os
 from datetime import datetime, timezone
 from typing import Any
 
-from precompile import __version__, config
+from precompile import config
+from precompile._version import __version__
 
 log = logging.getLogger("precompile")
 
@@ -160,9 +161,9 @@ def _of_type(value: Any, hint: Any) -> bool:
 
 def restore(entry: Any, module_hash: str) -> bool:
     """Write the record of ``entry`` at ``module_hash`` where vLLM reads its modelinfo; False on a miss (logged)."""
-    from precompile import record
-    from precompile.cache_io import safe_incr
     from precompile.errors import TrustConfigError
+    from precompile.metrics import safe_incr
+    from precompile.store import record
 
     cache = _cache()
     if cache is None:
@@ -199,8 +200,8 @@ def restore(entry: Any, module_hash: str) -> bool:
 
 def publish(entry: Any, mi: Any, module_hash: str) -> bool:
     """Store vLLM's modelinfo ``mi`` of ``entry`` as a record; False if it was not stored (logged)."""
-    from precompile import record
-    from precompile.cache_io import safe_incr
+    from precompile.metrics import safe_incr
+    from precompile.store import record
 
     cache = _cache()
     if cache is None:

@@ -1,0 +1,224 @@
+"""Artifact files: one binary file (``format="binary"``) or a directory a person can read (``"unpacked"``).
+
+Binary layout (see docs/format.md)::
+
+    magic      8 bytes   b"\\x89PCART\\r\\n"
+    version    u32 LE    artifact format version (precompile.config.FORMAT_VERSION)
+    manifest   u64 LE length + manifest JSON bytes
+    count      u32 LE    number of blobs
+    blob * count:  32-byte raw sha256 of the uncompressed bytes, u64 LE length, zstd frame of that length
+    end        8 bytes   b"PCARTEND"
+
+The unpacked directory holds ``manifest.json``, ``index.json`` (digest -> file) and each part as a file a person
+opens directly: ``graph/code.py``, ``graph/graph.json``, ``inputs.json``, ``wrappers/*.py``,
+``kernels/*.cpp|*.py``, ``binaries/<kernel>/*``, ``autotune.json``, ``alignment.json``, ``env.json``,
+``engine/payload.bin``.  Every part is checked against its digest when read.
+
+Every length and count read from a file is bounded by the bytes the file holds, every blob's decompressed size by
+its frame (and the manifest's record of it), and every name that becomes a path, on save and on load, is checked
+(:mod:`precompile.artifact.names`): garbage is an :class:`ArtifactFormatError`, never a huge allocation or a file
+written or read outside the artifact's directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from pathlib import Path
+
+from cache_backends.base import decompress_frame, digest_bytes
+from precompile import config
+from precompile.artifact import names
+from precompile.artifact.manifest import Manifest, load_json
+from precompile.errors import ArtifactFormatError
+
+MAGIC = b"\x89PCART\r\n"
+END = b"PCARTEND"
+#: Bytes of one blob entry besides its frame: raw sha256 and u64 length.
+_ENTRY = 32 + 8
+
+
+def write_binary(path: Path, manifest: bytes, blobs: dict[str, bytes]) -> None:
+    import zstandard
+
+    comp = zstandard.ZstdCompressor(level=3)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.incomplete")
+    with open(tmp, "wb") as f:
+        f.write(MAGIC)
+        f.write(struct.pack("<I", config.FORMAT_VERSION))
+        f.write(struct.pack("<Q", len(manifest)))
+        f.write(manifest)
+        f.write(struct.pack("<I", len(blobs)))
+        for digest, data in blobs.items():
+            z = comp.compress(data)
+            f.write(bytes.fromhex(digest))
+            f.write(struct.pack("<Q", len(z)))
+            f.write(z)
+        f.write(END)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_binary(path: Path) -> tuple[Manifest, dict[str, bytes]]:
+    data = path.read_bytes()
+    if len(data) < len(MAGIC) and MAGIC.startswith(data):
+        raise ArtifactFormatError(f"{path} is truncated: it has {len(data)} bytes, fewer than the artifact's "
+                                  f"{len(MAGIC)}-byte header (an empty or cut-off copy); copy the artifact again")
+    if not data.startswith(MAGIC):
+        raise ArtifactFormatError(f"{path} is not a precompile artifact (it does not start with the artifact "
+                                  "magic bytes); expected a file written by Artifact.save(format='binary')")
+    view = memoryview(data)
+    pos = len(MAGIC)
+
+    def take(n: int, what: str) -> memoryview:
+        nonlocal pos
+        if pos + n > len(view):
+            raise ArtifactFormatError(f"{path} is truncated: {what} needs {n} bytes at offset {pos}, the file has "
+                                      f"{len(view)} bytes in all; copy the artifact again")
+        out = view[pos:pos + n]
+        pos += n
+        return out
+
+    (version,) = struct.unpack("<I", take(4, "the format version"))
+    if version != config.FORMAT_VERSION:
+        raise ArtifactFormatError(f"{path} has artifact format version {version}; this precompile reads "
+                                  f"version {config.FORMAT_VERSION}")
+    (mlen,) = struct.unpack("<Q", take(8, "the manifest length"))
+    manifest = Manifest.from_json(bytes(take(mlen, "the manifest")))
+    (count,) = struct.unpack("<I", take(4, "the blob count"))
+    if count * _ENTRY > len(view) - pos:
+        raise ArtifactFormatError(f"{path} is truncated or corrupt: it claims {count} blobs, which need at least "
+                                  f"{count * _ENTRY} bytes, and {len(view) - pos} are left; copy the artifact again")
+    blobs: dict[str, bytes] = {}
+    for i in range(count):
+        digest = bytes(take(32, f"blob {i}'s digest")).hex()
+        (zlen,) = struct.unpack("<Q", take(8, f"blob {i}'s length"))
+        frame = take(zlen, f"blob {digest[:12]}")
+        info = manifest.blobs.get(digest)
+        if info is None:
+            continue  # not part of this artifact: never decompressed, never kept
+        try:
+            raw = decompress_frame(bytes(frame))
+        except ValueError as err:
+            raise ArtifactFormatError(f"{path}: blob {digest[:12]} does not decompress ({err})") from err
+        if len(raw) != info["size"] or digest_bytes(raw) != digest:
+            raise ArtifactFormatError(f"{path}: blob {digest[:12]} does not match its digest (the file is corrupt)")
+        blobs[digest] = raw
+    if bytes(take(len(END), "the end marker")) != END:
+        raise ArtifactFormatError(f"{path} is corrupt: the end marker is missing")
+    _check_complete(path, manifest, blobs)
+    return manifest, blobs
+
+
+def _check_complete(path: Path, manifest: Manifest, blobs: dict[str, bytes]) -> None:
+    missing = [d for d in manifest.blobs if d not in blobs]
+    if missing:
+        raise ArtifactFormatError(f"{path} lacks {len(missing)} part(s) its manifest names "
+                                  f"(e.g. {manifest.blobs[missing[0]].get('role')})")
+
+
+def _unpacked_layout(manifest: Manifest) -> dict[str, str]:
+    """``{digest: relative file path}`` for the unpacked directory.
+
+    Raises:
+        UnsafePathError: a kernel, wrapper or binary name is not a plain name (relative path for binaries).
+    """
+    paths: dict[str, str] = {}
+    parts = manifest.parts
+    paths[parts["fx_graph"]["code"]] = "graph/code.py"
+    paths[parts["fx_graph"]["graph"]] = "graph/graph.json"
+    paths[parts["engine_payload"]] = "engine/payload.bin"
+    if parts.get("inductor_config"):
+        paths[parts["inductor_config"]] = "inductor_config.json"
+    for name, d in parts.get("wrappers", {}).items():
+        paths.setdefault(d, f"wrappers/{names.plain_name(name, 'parts.wrappers')}.py")
+    if parts.get("fast") and "source" in parts["fast"]:
+        wrapper = names.plain_name(parts["fast"]["wrapper"], "parts.fast.wrapper")
+        paths.setdefault(parts["fast"]["source"], f"wrappers/{wrapper}.fast.py")
+    for i, k in enumerate(manifest.kernels):
+        ext = "cpp" if k["lang"] == "cpp" else "py"
+        kname = names.kernel_name(k["name"], f"kernels[{i}].name")
+        paths.setdefault(k["source"], f"kernels/{names.file_name(kname, '.' + ext)}")
+        for fname, d in k["binaries"].items():
+            rel = names.binary_name(fname, f"kernels[{i}].binaries").split("/")
+            rel = "/".join(names.file_name(part) for part in rel)
+            paths.setdefault(d, f"binaries/{names.file_name(kname)}/{rel}")
+    for d, info in manifest.blobs.items():
+        paths.setdefault(d, f"blobs/{names.plain_name(d, 'blobs')}")
+    return paths
+
+
+def write_unpacked(path: Path, manifest: Manifest, raw_manifest: bytes, blobs: dict[str, bytes]) -> None:
+    """Write the unpacked directory ``path`` (a temporary sibling, renamed into place).
+
+    Raises:
+        UnsafePathError: a name in the manifest would be written outside ``path`` (nothing is left behind).
+        OSError: the file system refused the write.
+    """
+    import shutil
+    import tempfile
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        layout = _unpacked_layout(manifest)
+        for digest, rel in layout.items():
+            target = names.inside(tmp, rel, "unpacked layout")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(blobs[digest])
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    extras = {
+        "inputs.json": manifest.placeholders,
+        "autotune.json": manifest.autotune,
+        "alignment.json": manifest.alignment,
+        "env.json": manifest.env,
+        "index.json": layout,
+    }
+    for name, value in extras.items():
+        (tmp / name).write_text(json.dumps(value, indent=1, sort_keys=True) + "\n")
+    (tmp / "manifest.json").write_bytes(raw_manifest)
+    if path.exists():
+        old = path.with_name(f".{path.name}.old.{os.getpid()}")
+        os.replace(path, old)
+        os.replace(tmp, path)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, path)
+
+
+def read_unpacked(path: Path) -> tuple[Manifest, dict[str, bytes]]:
+    """The manifest and every blob of the unpacked directory ``path``, each checked against its digest.
+
+    Raises:
+        ArtifactFormatError: no ``manifest.json``, a bad ``index.json``, a part missing or modified.
+        UnsafePathError: an ``index.json`` entry is not a plain relative path, or leads outside ``path`` (through
+            ``..`` or a symbolic link).
+    """
+    mpath = path / "manifest.json"
+    if not mpath.is_file():
+        raise ArtifactFormatError(f"{path} is a directory without manifest.json: not an unpacked precompile artifact")
+    manifest = Manifest.from_dict(load_json(mpath.read_bytes()))
+    try:
+        layout = load_json((path / "index.json").read_bytes())
+    except (OSError, ArtifactFormatError) as err:
+        raise ArtifactFormatError(f"{path}/index.json is missing or invalid: {err}") from err
+    if not isinstance(layout, dict):
+        raise ArtifactFormatError(f"{path}/index.json is not a JSON object")
+    blobs: dict[str, bytes] = {}
+    for digest in manifest.blobs:
+        rel = layout.get(digest)
+        if rel is None:
+            raise ArtifactFormatError(f"{path}/index.json does not list part {digest[:12]}")
+        target = names.inside(path, rel, f"index.json[{digest[:12]}]")
+        try:
+            data = target.read_bytes()
+        except OSError as err:
+            raise ArtifactFormatError(f"{path}/{rel} is missing: {err}") from err
+        if digest_bytes(data) != digest:
+            raise ArtifactFormatError(f"{path}/{rel} was modified: its sha256 does not match the manifest")
+        blobs[digest] = data
+    return manifest, blobs

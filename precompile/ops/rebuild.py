@@ -1,0 +1,278 @@
+"""``precompile rebuild``: recompile stored FX graphs for this machine's environment, without the model's code.
+
+A fleet upgrading torch (or moving to another GPU) changes the ``env`` key factor of every artifact, so every key
+misses.  Each artifact stores everything else its key hashes: the FX graph (``parts.fx_graph.graph``), the input
+specs, the compile options and the ambient state (grad mode, autocast, default dtype, matmul precision, CPU
+threads...).  :func:`rebuild` rebuilds the ``GraphModule`` from the stored graph
+(:func:`precompile.key.graph.graph_from_json`), makes example inputs from the specs (seeded random floats, zeros for
+integer and bool tensors), restores the recorded ambient state, compiles with the recorded options, checks the
+compiled outputs (and the inputs the graph writes to) against the rebuilt graph run eagerly on the same inputs,
+and stores the result under its new key: the key this environment computes for the same graph, inputs, options
+and ambient state, so a process here compiling the same model hits it.
+
+Refused, with the reason, are: symbolic artifacts (their sizes need symbolic fake values on the rebuilt graph,
+which precompile does not make yet: rebuild them by running the model, e.g. ``precompile warmup``), artifacts
+whose stored graph does not hash to their graph factor, artifacts for a device this machine lacks, and artifacts
+whose ambient state cannot be restored here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from cache_backends.base import MISS, Cache, digest_bytes
+from precompile import config
+from precompile.artifact.manifest import Manifest
+from precompile.errors import PrecompileError
+from precompile.key import fingerprint, sdpa
+
+log = logging.getLogger("precompile")
+
+
+@dataclass
+class Outcome:
+    """One artifact's rebuild.
+
+    Attributes:
+        old_key / new_key: the stored key and the key built here (None when nothing was built).
+        outcome: ``"rebuilt"``, ``"present"`` (the new key is stored already), ``"current"`` (built for this
+            environment already), ``"refused"`` or ``"failed"``.
+        detail: why, for refused and failed; what changed, for rebuilt.
+        seconds: wall seconds spent on it.
+    """
+
+    old_key: str
+    new_key: str | None
+    outcome: str
+    detail: str = ""
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"old_key": self.old_key, "new_key": self.new_key, "outcome": self.outcome, "detail": self.detail,
+                "seconds": round(self.seconds, 3)}
+
+
+class Refused(PrecompileError):
+    """An artifact precompile cannot rebuild from what it stores (the message says why)."""
+
+
+def example_inputs(manifest: Manifest, seed: int = 0) -> list[Any]:
+    """One input per placeholder, as its spec records it: tensors of the recorded shape, stride, dtype and device
+    (floats seeded random, integers and bools zero), numbers their recorded value.
+
+    Raises:
+        Refused: a size is symbolic, a number has no recorded value, or the device is not available here.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    out: list[Any] = []
+    for spec in manifest.placeholders:
+        if spec.get("type") == "tensor":
+            dims = [*spec["shape"], *spec["stride"]]
+            if any(not isinstance(d, int) for d in dims):
+                raise Refused(f"input {spec['name']} has a symbolic size")
+            device = spec["device"]
+            if device == "cuda" and not torch.cuda.is_available():
+                raise Refused("it was built for CUDA and this machine has no GPU")
+            dtype = getattr(torch, spec["dtype"])
+            t = torch.empty_strided(spec["shape"], spec["stride"], dtype=dtype, device=device)
+            if t.is_floating_point() or t.is_complex():
+                t.copy_(torch.randn(t.shape, generator=gen, dtype=torch.float32).to(dtype))
+            else:
+                t.zero_()
+            out.append(t.requires_grad_(bool(spec.get("requires_grad"))) if t.is_floating_point() else t)
+        elif spec.get("value") is not None:
+            out.append(spec["value"])
+        else:
+            raise Refused(f"input {spec['name']} is a symbolic number")
+    return out
+
+
+@contextlib.contextmanager
+def ambient(recorded: dict[str, Any]) -> Iterator[None]:
+    """Run the block under the ambient state a manifest recorded (:mod:`precompile.key.ambient`), restored after."""
+    det = torch.utils.deterministic
+    saved = (torch.get_default_dtype(), torch.are_deterministic_algorithms_enabled(),
+             torch.is_deterministic_algorithms_warn_only_enabled(), bool(det.fill_uninitialized_memory),
+             torch.get_float32_matmul_precision(), torch.get_num_threads())
+    try:
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(torch.set_grad_enabled(bool(recorded.get("grad_enabled", True))))
+            for device, dtype in (recorded.get("autocast") or {}).items():
+                stack.enter_context(torch.autocast(device, dtype=getattr(torch, dtype)))
+            if "default_dtype" in recorded:
+                torch.set_default_dtype(getattr(torch, recorded["default_dtype"]))
+            if "deterministic" in recorded:
+                enabled, warn_only, fill = recorded["deterministic"]
+                torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
+                det.fill_uninitialized_memory = fill
+            if "float32_matmul_precision" in recorded:
+                torch.set_float32_matmul_precision(recorded["float32_matmul_precision"])
+            if "cpu_threads" in recorded:
+                torch.set_num_threads(int(recorded["cpu_threads"]))
+            stack.enter_context(sdpa.restored(recorded.get("sdpa")))
+            if "cuda_matmul" in recorded and torch.cuda.is_available():
+                fp32, fp16, bf16 = recorded["cuda_matmul"]
+                matmul = torch.backends.cuda.matmul
+                if fp32 and hasattr(matmul, "fp32_precision"):
+                    matmul.fp32_precision = fp32
+                matmul.allow_fp16_reduced_precision_reduction = fp16
+                matmul.allow_bf16_reduced_precision_reduction = bf16
+            yield
+    finally:
+        torch.set_default_dtype(saved[0])
+        torch.use_deterministic_algorithms(saved[1], warn_only=saved[2])
+        det.fill_uninitialized_memory = saved[3]
+        torch.set_float32_matmul_precision(saved[4])
+        torch.set_num_threads(saved[5])
+
+
+def _compare(got: Any, want: Any) -> str | None:
+    """None if the flat outputs match (torch's dtype-aware tolerances, x4), else what differs."""
+    from torch.utils import _pytree as pytree
+
+    g, w = pytree.tree_leaves(got), pytree.tree_leaves(want)
+    if len(g) != len(w):
+        return f"{len(g)} outputs, eager gives {len(w)}"
+    for i, (a, b) in enumerate(zip(g, w)):
+        if isinstance(b, torch.Tensor):
+            try:
+                rtol, atol = torch.testing._comparison.default_tolerances(b)
+                torch.testing.assert_close(a.detach() if isinstance(a, torch.Tensor) else a, b.detach(),
+                                           rtol=4 * rtol, atol=4 * atol, check_device=False)
+            except (AssertionError, TypeError, ValueError) as err:
+                return f"output {i}: {str(err).splitlines()[0]}"
+        elif a != b:
+            return f"output {i}: {a!r} != {b!r}"
+    return None
+
+
+def rebuild_one(cache: Cache, key: str, *, force: bool = False) -> Outcome:
+    """Rebuild the artifact stored under ``key`` for this environment and store it (module docstring).
+
+    Never raises for an artifact that cannot be rebuilt: that is an outcome (refused or failed).
+
+    Raises:
+        CacheUnavailableError: the cache cannot be read.
+    """
+    from precompile.build.standalone import Plan, build, compute_key
+    from precompile.key.graph import NormalizedGraph, Placeholder, canonical_graph, canonical_json, graph_from_json
+    from precompile.store.cache_io import store
+
+    start = time.perf_counter()
+
+    def done(outcome: str, detail: str = "", new_key: str | None = None) -> Outcome:
+        return Outcome(key, new_key, outcome, detail, time.perf_counter() - start)
+
+    digest = cache.get_ref(key)
+    raw = cache.get_blob(digest) if digest is not MISS else MISS
+    if raw is MISS:
+        return done("failed", "no intact manifest stored under this key")
+    try:
+        from precompile.artifact.function_manifest import is_function_doc
+        from precompile.artifact.manifest import load_json
+
+        if is_function_doc(load_json(raw)):  # type: ignore[arg-type]
+            raise Refused("it is a whole-function artifact: it is rebuilt by calling the function "
+                          "(precompile.compile), which retraces it here")
+        manifest = Manifest.from_json(raw)  # type: ignore[arg-type]
+        factors = manifest.factors
+        if factors.get("dynamic_shapes") != "static":
+            raise Refused("it has symbolic sizes: a rebuild from the stored graph needs symbolic fake values, which "
+                          "precompile does not make yet; rebuild it by running the model here (precompile warmup)")
+        devices = {p["device"] for p in manifest.placeholders if p.get("type") == "tensor"} or {"cpu"}
+        env = fingerprint.environment(devices, full=False)
+        changed = [f for f, a, b in fingerprint.mismatches(factors["env"], env)]
+        if not changed and not force:
+            return done("current", "built for this environment")
+        graph_blob = cache.get_blob(manifest.parts["fx_graph"]["graph"])
+        if graph_blob is MISS:
+            return done("failed", "its stored FX graph is missing or damaged")
+        graph_json = json.loads(graph_blob)  # type: ignore[arg-type]
+        if digest_bytes(canonical_json(canonical_graph(graph_json))) != factors.get("graph"):
+            raise Refused("its stored FX graph does not hash to its graph factor")
+        inputs = example_inputs(manifest)
+    except Refused as err:
+        return done("refused", str(err))
+    except (PrecompileError, KeyError, TypeError, ValueError) as err:
+        return done("failed", f"the stored artifact cannot be read: {type(err).__name__}: {err}")
+    try:
+        gm = graph_from_json(graph_json)
+    except (ValueError, AttributeError, ImportError, TypeError, RuntimeError) as err:
+        return done("failed", f"the stored graph does not rebuild with this torch: {type(err).__name__}: {err}")
+    in_spec, out_spec = (list(factors.get("calling") or []) + [None, None])[:2]
+    norm = NormalizedGraph(gm, [Placeholder(p["name"], p["kind"], p.get("fqn")) for p in manifest.placeholders],
+                           {}, in_spec, out_spec)
+    from precompile.inductor import options as inductor_options
+    from precompile.inductor import shim
+    from precompile.key.ambient import ambient_state
+
+    with ambient(factors.get("ambient") or {}):
+        try:
+            opts = inductor_options.with_workarounds(inductor_options.inductor_config_overrides(factors.get("options")))
+            effective = inductor_options.effective_config(opts)
+        except (KeyError, TypeError) as err:
+            return done("refused", f"its options are not valid Inductor options here: {err}")
+        fixed = int(effective.get("cpp.threads", -1) or -1) >= 1 or bool(effective.get("cpp.dynamic_threads"))
+        here = ambient_state(devices, fixed, "sdpa" in (factors.get("ambient") or {}))
+        if here != factors.get("ambient"):
+            return done("refused", f"its ambient state cannot be restored here (recorded {factors.get('ambient')}, "
+                                   f"got {here})")
+        inductor_config = canonical_json(effective)
+        new_factors = {**factors, "format": config.FORMAT_VERSION, "options": opts,
+                       "inductor_config": digest_bytes(inductor_config), "env": fingerprint.key_fields(env)}
+        new_key = compute_key(new_factors)
+        if not force and cache.get_ref(new_key) is not MISS:
+            return done("present", "the new key is stored already", new_key)
+        plan = Plan(key=new_key, factors=new_factors, specs=manifest.placeholders, graph_json=graph_json, options=opts,
+                    inductor_config=inductor_config, env=env, devices=devices, symbols=None,
+                    fake_values=[None] * len(inputs), compile_inputs=inputs, run_inputs=inputs,
+                    dynamic_shapes="from_example_inputs")
+        try:
+            shim.record_example_values(gm, inputs)
+            art = build(norm, plan)
+            want_inputs = [x.detach().clone() if isinstance(x, torch.Tensor) else x for x in inputs]
+            got_inputs = [x.detach().clone() if isinstance(x, torch.Tensor) else x for x in inputs]
+            want = gm(*want_inputs)
+            got = art.engine(*got_inputs)
+        except Exception as err:  # noqa: BLE001 - a failed rebuild is an outcome of this artifact, not of the run
+            return done("failed", f"{type(err).__name__}: {err}", new_key)
+    problem = _compare(got, want) or _compare(got_inputs, want_inputs)
+    if problem is not None:
+        return done("failed", f"the rebuilt artifact does not match the stored graph run eagerly: {problem}", new_key)
+    if not store(cache, art):
+        return done("failed", f"could not be stored in {cache.url} (see the log)", new_key)
+    what = ", ".join(f"{f} {factors['env'].get(f)!r} -> {env.get(f)!r}" for f in changed) or "forced"
+    return done("rebuilt", what, new_key)
+
+
+def stale_keys(cache: Cache) -> list[str]:
+    """Keys of stored artifacts built for another environment than this one (every key field compared).
+
+    Raises:
+        CacheUnavailableError: the cache cannot be read.
+    """
+    from precompile.store.lookup import stored_manifests
+
+    here: dict[frozenset[str], dict[str, Any]] = {}
+    out = []
+    for key, m in stored_manifests(cache):
+        if m is None or not isinstance(m.get("factors"), dict) or m.get("kind") is not None:
+            continue  # a whole-function artifact is rebuilt by calling the function
+        devices = frozenset(p.get("device") for p in m.get("placeholders") or []
+                            if isinstance(p, dict) and p.get("type") == "tensor") or frozenset({"cpu"})
+        if devices not in here:
+            try:
+                here[devices] = fingerprint.environment(set(devices), full=False)
+            except (RuntimeError, AssertionError):  # e.g. CUDA artifacts on a machine without a GPU
+                here[devices] = {}
+        if fingerprint.mismatches(m["factors"].get("env") or {}, here[devices]):
+            out.append(key)
+    return out

@@ -1,0 +1,185 @@
+"""Artifacts in a cache: read verified (a damaged entry is a miss and is dropped), written blobs-then-ref."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from cache_backends.base import MISS, Cache
+from precompile import config, metrics
+from precompile.artifact.manifest import Manifest, load_json
+from precompile.errors import ArtifactFormatError, ArtifactNotFoundError, CacheError, UnsafePathError
+from precompile.loader.engine import start_primer
+from precompile.metrics import safe_incr, warn_once
+
+if TYPE_CHECKING:  # pragma: no cover
+    from precompile.loader.artifact import Artifact
+
+log = logging.getLogger("precompile")
+
+
+def load_from_cache(key: str, cache: str | Cache | None, *, bound: dict[int, torch.Tensor] | None = None,
+                    check_env: bool = True) -> Artifact | None:
+    """The artifact stored under ``key``, or None on a miss.
+
+    Reads the ref and the manifest, checks the manifest's signature when verify keys are configured
+    (:func:`precompile.artifact.trust.policy`: an unsigned or badly signed entry is a miss, logged and counted under
+    ``untrusted`` and ``untrusted_<reason>``, its ref left alone), then its structure and every name in it
+    (:mod:`precompile.artifact.names`), then reads the blobs a load needs (engine payload, binaries), all verified by
+    the backend, and checks that the other parts exist (they are read, and verified, when used).  Nothing read is run
+    here.  A ref whose manifest or blobs are verified missing or corrupt is a miss: the ref is dropped so the next
+    build replaces it.  Cache failures (a server down or stalled) are misses too, logged once, counted under
+    ``errors``, and never drop anything.
+
+    Raises:
+        EnvironmentMismatchError: only if ``check_env`` and the stored manifest's key fields differ from here
+            (impossible for a key computed here, possible for a key copied from elsewhere).
+        TrustConfigError: a configured signing or verify key cannot be read.
+    """
+    from cache_backends.registry import open_cache
+    from precompile.artifact import trust
+
+    c = open_cache(cache)
+    policy = trust.policy(c)
+    try:
+        doc = read_manifest_doc(c, key, policy, "cache entry")
+        if doc is None:
+            return None
+        manifest = Manifest.from_dict(doc)
+        if manifest.key != key:
+            drop_ref(c, key, f"its manifest names another key {manifest.key[:12]}")
+            return None
+        if config.require_no_host_code() and not manifest.parts.get("wrapper_graph"):
+            log.info("cache entry %s carries host code (%s) and PRECOMPILE_REQUIRE_NO_HOST_CODE is set: a miss",
+                     key[:12], manifest.build.get("host_code") or "a Python wrapper")
+            safe_incr(c, host_code_refused=1)
+            metrics.note_miss("host_code")
+            return None
+        # the replay, where asked for, runs while the blobs are read and checked (never for the graph engine)
+        primer = None if config.require_no_host_code() else start_primer(manifest)
+        needed = manifest.load_digests()
+        got = c.get_blobs(needed)
+        lost = [d for d, v in got.items() if v is MISS]
+        # parts a load does not read (sources, graph, wrappers) are read lazily; they must at least exist, or an
+        # entry whose part was found corrupt (and dropped) on a lazy read would be served forever, never whole
+        rest = [d for d in manifest.part_digests() if d not in got]
+        lost += [d for d, ok in c.has_blobs(rest).items() if not ok]
+        if lost:
+            drop_ref(c, key, f"{len(lost)} of its parts are missing or corrupt")
+            return None
+    except UnsafePathError as err:  # planted or garbled: never used, counted with the refused entries
+        log.warning("refusing cache entry %s in %s: %s; nothing of it was run", key[:12], c.url, err)
+        safe_incr(c, untrusted=1, untrusted_unsafe_path=1)
+        return None
+    except (CacheError, ArtifactFormatError) as err:
+        warn_once(c, f"cache {c.url} failed while reading artifact {key[:12]}: {err}; treating it as a miss",
+                  kind=f"read {type(err).__name__}")
+        safe_incr(c, errors=1)
+        metrics.note_miss("cache_error")
+        return None
+    from precompile.key.fingerprint import check_environment
+    from precompile.loader.artifact import Artifact
+
+    if check_env:
+        check_environment(manifest)
+
+    def reader(digests: list[str]) -> dict[str, bytes]:
+        try:
+            found = c.get_blobs(digests)
+        except CacheError as err:  # the part is then "not available": ArtifactNotFoundError from Artifact.blob
+            log.warning("could not read %d part(s) of artifact %s from %s: %s", len(digests), key[:12], c.url, err)
+            return {}
+        return {d: v for d, v in found.items() if v is not MISS}
+
+    try:
+        art = Artifact(manifest, got, bound=bound, source="cache", blob_reader=reader, cache=c)
+        art.primer = primer
+        return art
+    except ArtifactFormatError as err:  # a manifest whose digests check but whose specs or guards do not parse
+        drop_ref(c, key, str(err))
+        return None
+
+
+def read_manifest_doc(cache: Cache, key: str, policy: Any, what: str, *, max_bytes: int | None = None) -> Any:
+    """The parsed manifest (any JSON) stored under ``key`` whose signature ``policy`` accepts, or None on a miss:
+    no ref (counted ``absent``), a manifest blob missing, corrupt or over ``max_bytes`` bytes (the ref dropped,
+    :func:`drop_ref`), or a signature the policy refuses (counted ``untrusted``, the ref left alone).  The first
+    steps of every read of a cache entry (graph artifact, whole function, record); the caller checks the
+    structure next.  ``what`` names the entry in messages (``"cache entry"``, ``"record"``...).
+
+    Raises:
+        ArtifactFormatError: the manifest blob is not JSON (the caller drops the ref).
+        CacheError: the cache failed (the caller counts a miss and drops nothing).
+    """
+    from precompile.artifact import trust
+
+    digest = cache.get_ref(key)
+    if digest is MISS:
+        metrics.note_miss("absent")
+        return None
+    raw = cache.get_blob(digest)
+    if raw is MISS:
+        drop_ref(cache, key, "its manifest blob is missing or corrupt", what)
+        return None
+    if max_bytes is not None and len(raw) > max_bytes:
+        drop_ref(cache, key, f"its manifest blob is {len(raw)} bytes, over {max_bytes}", what)
+        return None
+    doc = load_json(raw)
+    verdict = policy.check(doc)
+    if not verdict.ok:
+        safe_incr(cache, **trust.note_refused(verdict, f"{what} {key[:12]} in {cache.url}"))
+        return None
+    return doc
+
+
+def drop_ref(cache: Cache, key: str, why: str, what: str = "cache entry") -> None:
+    """Drop the ref of a damaged entry (logged, counted as a ``damaged`` miss) so that the next writer replaces
+    it; a cache that cannot delete leaves it (never raises)."""
+    # corrupt blobs were already counted under ``errors`` by the backend that dropped them
+    metrics.note_miss("damaged")
+    log.warning("%s %s in %s is unusable (%s); dropping it so it is rebuilt", what, key[:12], cache.url, why)
+    try:
+        cache.delete_ref(key)
+    except CacheError:
+        pass
+
+
+def store(cache: Cache, art: Artifact) -> bool:
+    """Write every blob of ``art``, then its manifest, then its ref (so no reader sees a partial artifact).
+
+    With a signing key (``PRECOMPILE_SIGNING_KEY`` or the URL's ``signing_key=``) an unsigned manifest is signed
+    first, and ``art.manifest`` becomes the signed one.  With verify keys and no signing key (a serving worker
+    that built for itself) nothing is stored: every reader here would refuse the unsigned entry.
+
+    Returns:
+        True if stored; False if the cache refused (read-only, unavailable): logged once, counted, never
+        raised.
+
+    Raises:
+        TrustConfigError: the configured signing key cannot be read.
+    """
+    from precompile.artifact import trust
+
+    policy = trust.policy(cache)
+    art.manifest = policy.sign(art.manifest)
+    if policy.required and art.manifest.signature is None:
+        warn_once(cache, f"not storing artifact {art.key[:12]} in {cache.url}: verify keys are configured and no "
+                         "signing key (PRECOMPILE_SIGNING_KEY), so it would be refused as unsigned; builders sign",
+                  kind="store unsigned")
+        return False
+    try:
+        # put_blob of a blob already there writes nothing but refreshes it, so a concurrent eviction's grace
+        # period protects it until the ref below lands
+        for digest, data in art.all_blobs().items():
+            cache.put_blob(data, digest)
+        cache.set_ref(art.key, cache.put_blob(art.manifest.to_json()))
+        return True
+    except (CacheError, ArtifactNotFoundError) as err:
+        warn_once(cache, f"could not store artifact {art.key[:12]} in {cache.url}: {err}",
+                  kind=f"store {type(err).__name__}")
+        safe_incr(cache, errors=1)
+        return False
+
+

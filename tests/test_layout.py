@@ -1,0 +1,230 @@
+"""The package layout holds (docs/architecture.md): no import circles, and imports run one way only.
+
+Every ``import`` and ``from ... import`` in ``precompile/`` and ``cache_backends/`` is read with ``ast`` — those
+inside functions too, since a lazy import that climbs back is still a circle when it runs — except those under
+``if TYPE_CHECKING:``, which never run.  Importing ``a.b.c`` runs ``a/__init__.py`` and ``a/b/__init__.py``
+first, so each import is also an arrow to those packages (but not to the packages around the importing module
+itself, which have run already): such arrows count for circles (a package's ``__init__`` that imported upward
+would close one), while the layer order applies to the modules an import names.  The test fails on any circle among
+modules, and on any import of a module in a higher layer (:data:`LAYERS`, lowest first).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from fnmatch import fnmatch
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+ROOTS = ("precompile", "cache_backends")
+
+#: Lowest first.  A module may import its own layer and those below it, never one above.  A module belongs to
+#: the layer of the longest prefix that names it.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("precompile.errors",),
+    ("precompile.config", "precompile._version"),
+    ("cache_backends",),  # the backends (their opener, cache_backends.registry, is higher)
+    ("precompile.metrics",),
+    ("precompile.recipes",),
+    ("precompile.artifact",),
+    ("cache_backends.registry",),
+    ("precompile.inductor",),
+    ("precompile.key",),
+    ("precompile.loader",),
+    ("precompile.store",),
+    ("precompile.build",),
+    ("precompile.function",),
+    ("precompile.ops",),
+    ("precompile.integrations",),
+    ("precompile.cli",),
+    ("precompile", "precompile.__main__"),  # the public API
+)
+
+
+def modules(repo: Path = REPO) -> dict[str, Path]:
+    """``{dotted module name: file}`` for every module of the two packages under ``repo``."""
+    found = {}
+    for root in ROOTS:
+        for path in sorted((repo / root).rglob("*.py")):
+            parts = list(path.relative_to(repo).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join(parts)] = path
+    return found
+
+
+def _runtime_imports(tree: ast.Module) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Import statements that can run: all but those under ``if TYPE_CHECKING:``."""
+    stack: list[ast.AST] = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            stack.extend(node.orelse)
+            continue
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        stack.extend(ast.iter_child_nodes(node))
+
+
+def _targets(name: str, node: ast.Import | ast.ImportFrom, known: dict[str, Path],
+             parents: bool = True) -> set[str]:
+    """The modules of ours an import statement in module ``name`` names, with their parent packages if
+    ``parents`` (which it runs first)."""
+    wanted = []
+    if isinstance(node, ast.Import):
+        wanted = [a.name for a in node.names]
+    else:
+        base = node.module or ""
+        if node.level:
+            package = name.split(".") if known[name].name == "__init__.py" else name.split(".")[:-1]
+            package = package[: len(package) - (node.level - 1)]
+            base = ".".join(package + ([base] if base else []))
+        wanted = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
+    own = name.split(".")
+    ancestors = {".".join(own[:i]) for i in range(1, len(own))}  # the packages around ``name``: run already
+    out = set()
+    for target in wanted:
+        while target and target not in known:
+            target = target.rpartition(".")[0]
+        if not target:
+            continue  # not ours
+        out.add(target)
+        if parents:  # a.b.c runs a and a.b first
+            parts = target.split(".")
+            out |= {p for i in range(1, len(parts)) if (p := ".".join(parts[:i])) in known} - ancestors
+    return out - {name}
+
+
+def import_graph(parents: bool = True, repo: Path = REPO) -> dict[str, set[str]]:
+    """``{module: modules its import statements run}`` over both packages; with ``parents=False``, only the
+    modules they name (not the packages around them)."""
+    known = modules(repo)
+    graph: dict[str, set[str]] = {}
+    for name, path in known.items():
+        tree = ast.parse(path.read_text(), filename=str(path))
+        graph[name] = set()
+        for node in _runtime_imports(tree):
+            graph[name] |= _targets(name, node, known, parents)
+    return graph
+
+
+def layer(module: str) -> int:
+    """The index in :data:`LAYERS` of the longest prefix naming ``module``."""
+    best, depth = -1, -1
+    for i, prefixes in enumerate(LAYERS):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and prefix.count(".") > depth:
+                best, depth = i, prefix.count(".")
+    if best < 0:
+        raise AssertionError(f"module {module} is in no layer of tests/test_layout.py: add its package to LAYERS")
+    return best
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_no_import_circles() -> None:
+    found = circles(import_graph())
+    assert not found, "import circles: " + "; ".join(" <-> ".join(c) for c in found)
+
+
+def test_imports_run_downward_only() -> None:
+    found = climbs(import_graph(parents=False))
+    assert not found, "imports against the layer order of docs/architecture.md:\n" + "\n".join(found)
+
+
+def test_every_package_says_what_it_owns_and_may_import() -> None:
+    missing = [name for name, path in modules().items() if path.name == "__init__.py" and name != "precompile"
+               and "import" not in (ast.get_docstring(ast.parse(path.read_text())) or "")]
+    assert not missing, f"packages whose docstring does not say what they may import: {missing}"
+
+
+def test_files_stay_small() -> None:
+    big = {name: n for name, path in modules().items() if (n := len(path.read_text().splitlines())) >= 400}
+    assert not big, f"modules of 400 lines or more: {big}"
+
+
+def test_tests_mirror_the_packages_and_every_folder_is_collected(pytestconfig: pytest.Config) -> None:
+    folders = [d.name for d in (REPO / "tests").iterdir() if d.is_dir() and d.name not in ("data", "__pycache__")]
+    packages = {p.parent.name for root in ROOTS for p in (REPO / root).glob("*/__init__.py")} | {"cache_backends"}
+    assert set(folders) <= packages, f"test folders that name no package: {sorted(set(folders) - packages)}"
+    ignored = [f for f in folders if any(fnmatch(f, pattern) for pattern in pytestconfig.getini("norecursedirs"))]
+    assert not ignored, f"test folders pytest does not collect (norecursedirs in pyproject.toml): {ignored}"
+
+
+def test_the_root_keeps_the_api_and_at_most_eight_modules() -> None:
+    root = sorted(p.name for p in (REPO / "precompile").glob("*.py"))
+    assert len(root) <= 8, root
+    assert {"__init__.py", "config.py", "errors.py"} <= set(root)
+
+
+def climbs(graph: dict[str, set[str]]) -> list[str]:
+    """Each import of a module in a higher layer, in words."""
+    return [f"{a} (layer {LAYERS[layer(a)][0]}) imports {b} (layer {LAYERS[layer(b)][0]})"
+            for a, targets in sorted(graph.items()) for b in sorted(targets) if layer(b) > layer(a)]
+
+
+def test_the_checks_see_a_climb_and_a_circle(tmp_path: Path) -> None:
+    """The checks are not vacuous: in a planted tree, a lazy import from the errors up to the command line is a
+    climb, and a package whose ``__init__`` imports a module that imports the package back is a circle."""
+    for name, text in {
+        "precompile/__init__.py": "",
+        "precompile/errors.py": "def f():\n    from precompile.cli import main\n",
+        "precompile/cli/__init__.py": "from precompile.cli import browse\nmain = 1\n",
+        "precompile/cli/browse.py": "from precompile.cli import main\n",
+        "precompile/key/__init__.py": "",
+        "precompile/key/plan.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import precompile.cli\n",
+        "cache_backends/__init__.py": "",
+    }.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert climbs(import_graph(parents=False, repo=tmp_path)) == [
+        "precompile.errors (layer precompile.errors) imports precompile.cli (layer precompile.cli)"]
+    assert circles(import_graph(repo=tmp_path)) == [["precompile.cli", "precompile.cli.browse"]]
+
+
+def test_the_check_sees_a_circle() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert circles(graph) == [["a", "b", "c"]]
