@@ -28,6 +28,11 @@ REPO = TESTS.parent
 
 if str(TESTS) not in sys.path:  # ``import _graphs`` in test modules, as in their subprocesses
     sys.path.insert(0, str(TESTS))
+# the per-package folders too, so that a test module borrowing from another (``from test_sdpa import Attention``)
+# imports it whichever tests run; test file names are unique across folders
+for _folder in sorted(TESTS.iterdir()):
+    if _folder.is_dir() and any(_folder.glob("test_*.py")) and str(_folder) not in sys.path:
+        sys.path.append(str(_folder))
 
 
 # ---------------------------------------------------------------------------------------------- environment
