@@ -186,6 +186,14 @@ def test_files_stay_small() -> None:
     assert not big, f"modules of 400 lines or more: {big}"
 
 
+def test_every_folder_of_modules_is_a_package() -> None:
+    """No namespace packages: a folder without ``__init__.py`` (one ignored by git, say) has no docstring and
+    escapes the checks above."""
+    bare = sorted(str(d.relative_to(REPO)) for root in ROOTS for d in [REPO / root, *(REPO / root).rglob("*")]
+                  if d.is_dir() and d.name != "__pycache__" and any(d.glob("*.py")) and not (d / "__init__.py").exists())
+    assert not bare, f"folders of modules without __init__.py: {bare}"
+
+
 def test_tests_mirror_the_packages_and_every_folder_is_collected(pytestconfig: pytest.Config) -> None:
     folders = [d.name for d in (REPO / "tests").iterdir() if d.is_dir() and d.name not in ("data", "__pycache__")]
     packages = {p.parent.name for root in ROOTS for p in (REPO / root).glob("*/__init__.py")} | {"cache_backends"}
