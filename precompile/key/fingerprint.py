@@ -8,6 +8,7 @@ Key fields: torch version and git revision, Python major.minor, machine architec
 (the vector ISA the C++ kernels were built for), and, for graphs on CUDA: the CUDA runtime version, the Triton
 version, the GPU name and compute capability.  Recorded only: the driver version, gcc version, CPU model.
 A newer driver runs older cubins, so a driver update must not empty a fleet's cache.
+:func:`check_environment` refuses, before a load, a manifest whose key fields differ from this machine's.
 """
 
 from __future__ import annotations
