@@ -7,9 +7,10 @@ Schemes: ``file://DIR`` (:class:`cache_backends.local.LocalCache`), ``redis://``
 (:class:`cache_backends.redis_cache.RedisCache`) and two URLs joined by ``|``
 (:class:`cache_backends.tiered.TieredCache`).
 
-The backends import only :mod:`precompile.errors` and :mod:`precompile.config` of precompile.  The opener,
-:mod:`cache_backends.registry`, also reaches the trust layer (:mod:`precompile.artifact.trust`), so it is imported
-on first use of :func:`open_cache` or :func:`register_backend`, not with this package (docs/architecture.md).
+May import: :mod:`precompile.errors` and :mod:`precompile.config` (the backends); the opener,
+:mod:`cache_backends.registry`, also the trust layer (:mod:`precompile.artifact.trust`), so it sits above the
+artifact layer and is imported on first use of :func:`open_cache` or :func:`register_backend`, not with this
+package (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -23,6 +24,10 @@ __all__ = ["COUNTERS", "MISS", "Cache", "check_name", "digest_bytes", "hit_rate"
 
 if TYPE_CHECKING:  # pragma: no cover
     from cache_backends.registry import open_cache, register_backend
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | {"open_cache", "register_backend"})
 
 
 def __getattr__(name: str) -> Any:

@@ -8,11 +8,11 @@ never creates a directory, and :func:`probe` checks that every tier answers befo
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from cache_backends.base import Cache
@@ -213,14 +213,16 @@ class _Quiet(logging.Filter):
         return record.thread != self.thread
 
 
-def refused_by_trust(cache: Cache, manifest: Any) -> bool:
-    """Whether the verify keys configured for ``cache`` (``PRECOMPILE_VERIFY_KEYS`` and its URL's) refuse a parsed
-    manifest: True only when a key is configured and the manifest's signature does not check under it.
+def refused_by_trust(cache: Cache, manifest: bytes) -> bool:
+    """Whether the verify keys configured for ``cache`` (``PRECOMPILE_VERIFY_KEYS`` and its URL's) refuse a stored
+    manifest: True only when a key is configured and the manifest's signature does not check under it (it is
+    parsed only then).
 
     Raises:
         TrustConfigError: a configured key cannot be read.
+        ValueError: a key is configured and ``manifest`` is not JSON.
     """
     from precompile.artifact import trust
 
     policy = trust.policy(cache)
-    return policy.required and not policy.check(manifest).ok
+    return policy.required and not policy.check(json.loads(manifest)).ok

@@ -61,12 +61,15 @@ class TieredCache(Cache):
             usual (the artifact layer turns them into misses).
         remote: the far tier (usually a :class:`~cache_backends.redis_cache.RedisCache`).  Its errors never
             leave this class.
+        refuses: ``refuses(cache, manifest)`` is True when the verify keys configured for ``cache`` (this tiered
+            cache) refuse a manifest (its stored bytes): such a remote manifest is never backfilled.  The opener
+            passes :func:`cache_backends.registry.refused_by_trust`, so that backends never import the trust layer.
 
     Attributes:
         remote_errors: remote failures seen by this process (also counted in the local tier's ``remote_errors``).
     """
 
-    def __init__(self, local: Cache, remote: Cache, *, refuses: Callable[[Cache, Any], bool]):
+    def __init__(self, local: Cache, remote: Cache, *, refuses: Callable[[Cache, bytes], bool]):
         self.local = local
         self._refuses = refuses
         self.remote = remote
@@ -226,7 +229,7 @@ class TieredCache(Cache):
             names = manifest_digests(manifest)  # type: ignore[arg-type]
         except ValueError:
             return
-        if self._refuses(self, json.loads(manifest)):  # type: ignore[arg-type]
+        if self._refuses(self, manifest):  # type: ignore[arg-type]
             if len(self._held) >= 16:
                 self._held.clear()
             self._held[digest] = manifest  # type: ignore[assignment]
