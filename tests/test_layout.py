@@ -5,8 +5,10 @@ inside functions too, since a lazy import that climbs back is still a circle whe
 ``if TYPE_CHECKING:``, which never run.  Importing ``a.b.c`` runs ``a/__init__.py`` and ``a/b/__init__.py``
 first, so each import is also an arrow to those packages (but not to the packages around the importing module
 itself, which have run already): such arrows count for circles (a package's ``__init__`` that imported upward
-would close one), while the layer order applies to the modules an import names.  The test fails on any circle among
-modules, and on any import of a module in a higher layer (:data:`LAYERS`, lowest first).
+would close one), while the layer order applies to the modules an import names.  ``importlib.import_module`` of a
+literal name of ours counts as an import too.  The test fails on any circle among modules, and on any import of a
+module in a higher layer (:data:`LAYERS`, lowest first).  The one exception is a package's module-level
+``__getattr__`` handing out a public name on first use (:data:`LAZY_API`): it runs after every import is done.
 """
 
 from __future__ import annotations
@@ -22,26 +24,30 @@ REPO = Path(__file__).resolve().parent.parent
 ROOTS = ("precompile", "cache_backends")
 
 #: Lowest first.  A module may import its own layer and those below it, never one above.  A module belongs to
-#: the layer of the longest prefix that names it.
+#: the layer of the longest entry that names it: an entry names its package's modules, or (:data:`EXACT`) one module.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("precompile.errors",),
     ("precompile.config", "precompile._version"),
-    ("cache_backends",),  # the backends (their opener, cache_backends.registry, is higher)
+    ("cache_backends",),  # the backends; their opener, cache_backends.registry, is higher
     ("precompile.metrics",),
-    ("precompile.recipes",),
     ("precompile.artifact",),
-    ("cache_backends.registry",),
     ("precompile.inductor",),
     ("precompile.key",),
     ("precompile.loader",),
+    ("cache_backends.registry",),
     ("precompile.store",),
     ("precompile.build",),
     ("precompile.function",),
+    ("precompile.recipes",),
     ("precompile.ops",),
     ("precompile.integrations",),
     ("precompile.cli",),
     ("precompile", "precompile.__main__"),  # the public API
 )
+#: Entries of :data:`LAYERS` that name one module, not a package's: a new package must be given its own layer.
+EXACT = frozenset({"precompile", "precompile.__main__"})
+#: ``(package, module)``: a package's module-level ``__getattr__`` imports ``module`` to hand out a public name.
+LAZY_API = frozenset({("cache_backends", "cache_backends.registry")})
 
 
 def modules(repo: Path = REPO) -> dict[str, Path]:
@@ -56,17 +62,42 @@ def modules(repo: Path = REPO) -> dict[str, Path]:
     return found
 
 
-def _runtime_imports(tree: ast.Module) -> Iterator[ast.Import | ast.ImportFrom]:
-    """Import statements that can run: all but those under ``if TYPE_CHECKING:``."""
-    stack: list[ast.AST] = [tree]
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or \
+        (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _dynamic_import(node: ast.AST) -> str | None:
+    """The literal module name of ``importlib.import_module("...")`` / ``import_module("...")``, else None."""
+    if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant) \
+            and isinstance(node.args[0].value, str):
+        func = node.func
+        if (isinstance(func, ast.Attribute) and func.attr == "import_module") or \
+                (isinstance(func, ast.Name) and func.id == "import_module"):
+            return node.args[0].value
+    return None
+
+
+def _runtime_imports(tree: ast.Module, lazy_api: list[str] | None = None) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Import statements that can run: all but those under ``if TYPE_CHECKING:``, plus literal
+    ``import_module`` calls (as ``import NAME``).  Those inside a module-level ``__getattr__`` are appended to
+    ``lazy_api`` instead, when it is given."""
+    stack: list[tuple[ast.AST, bool]] = [(tree, False)]
     while stack:
-        node = stack.pop()
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            stack.extend(node.orelse)
+        node, in_getattr = stack.pop()
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            stack.extend((n, in_getattr) for n in node.orelse)
             continue
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             yield node
-        stack.extend(ast.iter_child_nodes(node))
+        dynamic = _dynamic_import(node)
+        if dynamic is not None:
+            if in_getattr and lazy_api is not None:
+                lazy_api.append(dynamic)
+            else:
+                yield ast.Import(names=[ast.alias(name=dynamic)])
+        getattr_def = isinstance(node, ast.FunctionDef) and node.name == "__getattr__" and node in tree.body
+        stack.extend((n, in_getattr or getattr_def) for n in ast.iter_child_nodes(node))
 
 
 def _targets(name: str, node: ast.Import | ast.ImportFrom, known: dict[str, Path],
@@ -100,23 +131,42 @@ def _targets(name: str, node: ast.Import | ast.ImportFrom, known: dict[str, Path
 
 def import_graph(parents: bool = True, repo: Path = REPO) -> dict[str, set[str]]:
     """``{module: modules its import statements run}`` over both packages; with ``parents=False``, only the
-    modules they name (not the packages around them)."""
+    modules they name (not the packages around them).  A package's lazy API lookups are left out
+    (:func:`lazy_api_lookups`)."""
     known = modules(repo)
     graph: dict[str, set[str]] = {}
     for name, path in known.items():
         tree = ast.parse(path.read_text(), filename=str(path))
         graph[name] = set()
-        for node in _runtime_imports(tree):
+        lazy: list[str] | None = [] if path.name == "__init__.py" else None
+        for node in _runtime_imports(tree, lazy):
             graph[name] |= _targets(name, node, known, parents)
     return graph
 
 
+def lazy_api_lookups(repo: Path = REPO) -> set[tuple[str, str]]:
+    """``(package, module)`` for each literal ``import_module`` in a package's module-level ``__getattr__``."""
+    found = set()
+    for name, path in modules(repo).items():
+        if path.name == "__init__.py":
+            lazy: list[str] = []
+            for _ in _runtime_imports(ast.parse(path.read_text()), lazy):
+                pass
+            found |= {(name, m) for m in lazy}
+    return found
+
+
 def layer(module: str) -> int:
-    """The index in :data:`LAYERS` of the longest prefix naming ``module``."""
+    """The index in :data:`LAYERS` of the longest entry naming ``module``.
+
+    Raises:
+        AssertionError: no entry names it (a new package: give it its layer).
+    """
     best, depth = -1, -1
     for i, prefixes in enumerate(LAYERS):
         for prefix in prefixes:
-            if (module == prefix or module.startswith(prefix + ".")) and prefix.count(".") > depth:
+            named = module == prefix or (prefix not in EXACT and module.startswith(prefix + "."))
+            if named and prefix.count(".") > depth:
                 best, depth = i, prefix.count(".")
     if best < 0:
         raise AssertionError(f"module {module} is in no layer of tests/test_layout.py: add its package to LAYERS")
@@ -165,6 +215,12 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+def climbs(graph: dict[str, set[str]]) -> list[str]:
+    """Each import of a module in a higher layer, in words."""
+    return [f"{a} (layer {LAYERS[layer(a)][0]}) imports {b} (layer {LAYERS[layer(b)][0]})"
+            for a, targets in sorted(graph.items()) for b in sorted(targets) if layer(b) > layer(a)]
+
+
 def test_no_import_circles() -> None:
     found = circles(import_graph())
     assert not found, "import circles: " + "; ".join(" <-> ".join(c) for c in found)
@@ -177,8 +233,13 @@ def test_imports_run_downward_only() -> None:
 
 def test_every_package_says_what_it_owns_and_may_import() -> None:
     missing = [name for name, path in modules().items() if path.name == "__init__.py" and name != "precompile"
-               and "import" not in (ast.get_docstring(ast.parse(path.read_text())) or "")]
-    assert not missing, f"packages whose docstring does not say what they may import: {missing}"
+               and "May import:" not in (ast.get_docstring(ast.parse(path.read_text())) or "")]
+    assert not missing, f"packages whose docstring has no 'May import:' line: {missing}"
+
+
+def test_lazy_api_lookups_are_the_known_ones() -> None:
+    """The one exception to the order is deliberate: a new lazy lookup of a higher layer is a decision."""
+    assert lazy_api_lookups() == LAZY_API
 
 
 def test_files_stay_small() -> None:
@@ -189,8 +250,9 @@ def test_files_stay_small() -> None:
 def test_every_folder_of_modules_is_a_package() -> None:
     """No namespace packages: a folder without ``__init__.py`` (one ignored by git, say) has no docstring and
     escapes the checks above."""
-    bare = sorted(str(d.relative_to(REPO)) for root in ROOTS for d in [REPO / root, *(REPO / root).rglob("*")]
-                  if d.is_dir() and d.name != "__pycache__" and any(d.glob("*.py")) and not (d / "__init__.py").exists())
+    folders = [d for root in ROOTS for d in [REPO / root, *(REPO / root).rglob("*")]
+               if d.is_dir() and d.name != "__pycache__" and any(d.glob("*.py"))]
+    bare = sorted(str(d.relative_to(REPO)) for d in folders if not (d / "__init__.py").exists())
     assert not bare, f"folders of modules without __init__.py: {bare}"
 
 
@@ -208,15 +270,10 @@ def test_the_root_keeps_the_api_and_at_most_eight_modules() -> None:
     assert {"__init__.py", "config.py", "errors.py"} <= set(root)
 
 
-def climbs(graph: dict[str, set[str]]) -> list[str]:
-    """Each import of a module in a higher layer, in words."""
-    return [f"{a} (layer {LAYERS[layer(a)][0]}) imports {b} (layer {LAYERS[layer(b)][0]})"
-            for a, targets in sorted(graph.items()) for b in sorted(targets) if layer(b) > layer(a)]
-
-
 def test_the_checks_see_a_climb_and_a_circle(tmp_path: Path) -> None:
-    """The checks are not vacuous: in a planted tree, a lazy import from the errors up to the command line is a
-    climb, and a package whose ``__init__`` imports a module that imports the package back is a circle."""
+    """The checks are not vacuous: in a planted tree, a lazy import from the errors up to the command line and an
+    ``import_module`` under ``if not TYPE_CHECKING`` are climbs, a package whose ``__init__`` imports a module that
+    imports the package back is a circle, a lazy API lookup is seen, and a new package has no layer."""
     for name, text in {
         "precompile/__init__.py": "",
         "precompile/errors.py": "def f():\n    from precompile.cli import main\n",
@@ -224,13 +281,21 @@ def test_the_checks_see_a_climb_and_a_circle(tmp_path: Path) -> None:
         "precompile/cli/browse.py": "from precompile.cli import main\n",
         "precompile/key/__init__.py": "",
         "precompile/key/plan.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import precompile.cli\n",
-        "cache_backends/__init__.py": "",
+        "precompile/key/sdpa.py": "import importlib\nfrom typing import TYPE_CHECKING\nif not TYPE_CHECKING:\n"
+                                  "    importlib.import_module('precompile.store')\n",
+        "precompile/store/__init__.py": "",
+        "cache_backends/__init__.py": "import importlib\ndef __getattr__(name):\n"
+                                      "    return importlib.import_module('precompile.cli')\n",
     }.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
     assert climbs(import_graph(parents=False, repo=tmp_path)) == [
-        "precompile.errors (layer precompile.errors) imports precompile.cli (layer precompile.cli)"]
+        "precompile.errors (layer precompile.errors) imports precompile.cli (layer precompile.cli)",
+        "precompile.key.sdpa (layer precompile.key) imports precompile.store (layer precompile.store)"]
     assert circles(import_graph(repo=tmp_path)) == [["precompile.cli", "precompile.cli.browse"]]
+    assert lazy_api_lookups(tmp_path) == {("cache_backends", "precompile.cli")}
+    with pytest.raises(AssertionError, match="in no layer"):
+        layer("precompile.newpkg.thing")
 
 
 def test_the_check_sees_a_circle() -> None:
