@@ -17,6 +17,8 @@ imports nothing; ``prometheus_client`` is imported when metrics are collected):
 They live in precompile's own registry (:func:`registry`), never in ``prometheus_client``'s global default, so
 importing precompile changes nothing in a host's metrics.  A serving process exposes them with :func:`serve`
 (an HTTP endpoint on its own port), or adds them to the registry it already serves with :func:`register`.
+Every layer counts into a cache through :func:`safe_incr` (never raising) and reports a failing cache once
+through :func:`warn_once`.
 
 :func:`cache_exposition` is what ``precompile stats --format prometheus`` prints: a cache's persisted counters
 (fleet-wide for Redis), as ``precompile_cache_<counter>_total{cache="<url>"}``, plus ``hit_rate``,

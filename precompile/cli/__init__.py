@@ -9,8 +9,7 @@ scheme, a bad option, a bad environment variable) is one line on stderr and exit
 reached or an artifact that cannot be found or read is one line and exit status 1.
 
 May import: anything of precompile but the public API module (it presents what :mod:`precompile.ops`,
-:mod:`precompile.store` and the rest return; docs/architecture.md).  Nothing imports it but ``precompile``'s
-entry points.
+:mod:`precompile.store` and the rest return; docs/architecture.md).  No package of precompile imports it.
 """
 
 from __future__ import annotations

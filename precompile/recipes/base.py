@@ -1,8 +1,8 @@
 """Recipe basics: shape lists (:class:`Shape`, :func:`parse_shapes`), the settings every recipe parses (dtype,
 device, ``--config`` JSON), and the :class:`Recipe` base class.
 
-The recipes themselves live beside it (``models_minilm``, ``models_lm``); :mod:`precompile.recipes.catalog` names them
-all and makes them (:func:`~precompile.recipes.catalog.get_recipe`).
+The recipes themselves live beside it (:mod:`precompile.recipes.minilm`, :mod:`precompile.recipes.lm`);
+:mod:`precompile.recipes.catalog` names them all and makes them (:func:`~precompile.recipes.catalog.get_recipe`).
 """
 
 from __future__ import annotations

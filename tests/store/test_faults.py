@@ -1,6 +1,6 @@
 """Bad input and faults, for real: damaged cache blobs, truncated and foreign artifact files, wrong call inputs,
 graphs that cannot be serialized.  Read-only caches and concurrent builds: test_shared_cache.py; Redis faults:
-test_redis_faults.py."""
+tests/cache_backends/test_redis_faults.py."""
 
 from __future__ import annotations
 
