@@ -16,8 +16,15 @@ from cache_backends.base import MISS, Cache, digest_bytes
 from precompile import config, metrics
 from precompile.artifact.function_manifest import FunctionManifest
 from precompile.errors import ArtifactFormatError, CacheError, UnsafePathError
-from precompile.metrics import safe_incr, warn_once
-from precompile.store.cache_io import drop_ref, read_manifest_doc
+from precompile.metrics import safe_incr
+from precompile.store.cache_io import (
+    drop_ref,
+    read_failed,
+    read_manifest_doc,
+    refused_unsafe,
+    signed_for_store,
+    write_failed,
+)
 
 log = logging.getLogger("precompile")
 
@@ -71,17 +78,13 @@ def read(cache: Cache, key: str) -> Stored | None:
             drop(cache, key, "its Dynamo part is missing or corrupt")
             return None
     except UnsafePathError as err:
-        log.warning("refusing function artifact %s in %s: %s; nothing of it was run", key[:12], cache.url, err)
-        safe_incr(cache, untrusted=1, untrusted_unsafe_path=1)
+        refused_unsafe(cache, "function artifact", key, err)
         return None
     except ArtifactFormatError as err:
         drop(cache, key, str(err))
         return None
     except CacheError as err:
-        warn_once(cache, f"cache {cache.url} failed while reading function artifact {key[:12]}: {err}; treating it "
-                         "as a miss", kind=f"read {type(err).__name__}")
-        safe_incr(cache, errors=1)
-        metrics.note_miss("cache_error")
+        read_failed(cache, "function artifact", key, err)
         return None
     return Stored(manifest, bytes(data))
 
@@ -96,20 +99,13 @@ def write(cache: Cache, manifest: FunctionManifest, dynamo: bytes) -> FunctionMa
     Raises:
         TrustConfigError: the configured signing key cannot be read.
     """
-    from precompile.artifact import trust
-
-    policy = trust.policy(cache)
-    manifest = policy.sign(manifest)
-    if policy.required and manifest.signature is None:
-        warn_once(cache, f"not storing function artifact {manifest.key[:12]} in {cache.url}: verify keys are "
-                         "configured and no signing key (PRECOMPILE_SIGNING_KEY)", kind="store unsigned")
+    signed = signed_for_store(cache, manifest, "function artifact")
+    if signed is None:
         return None
     try:
-        cache.put_blob(dynamo, manifest.parts["dynamo"])
-        cache.set_ref(manifest.key, cache.put_blob(manifest.to_json()))
-        return manifest
+        cache.put_blob(dynamo, signed.parts["dynamo"])
+        cache.set_ref(signed.key, cache.put_blob(signed.to_json()))
+        return signed
     except CacheError as err:
-        warn_once(cache, f"could not store function artifact {manifest.key[:12]} in {cache.url}: {err}",
-                  kind=f"store {type(err).__name__}")
-        safe_incr(cache, errors=1)
+        write_failed(cache, "function artifact", signed.key, err)
         return None

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
 from cache_backends.base import MISS, Cache
 from precompile import config, metrics
-from precompile.artifact.manifest import Manifest, load_json
+from precompile.artifact.manifest import Manifest, ManifestJSON, load_json
 from precompile.errors import ArtifactFormatError, ArtifactNotFoundError, CacheError, UnsafePathError
 from precompile.loader.engine import start_primer
 from precompile.metrics import safe_incr, warn_once
@@ -18,6 +18,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from precompile.loader.artifact import Artifact
 
 log = logging.getLogger("precompile")
+
+#: Any of the three manifest kinds (graph artifact, whole function, record).
+M = TypeVar("M", bound=ManifestJSON)
 
 
 def load_from_cache(key: str, cache: str | Cache | None, *, bound: dict[int, torch.Tensor] | None = None,
@@ -70,14 +73,10 @@ def load_from_cache(key: str, cache: str | Cache | None, *, bound: dict[int, tor
             drop_ref(c, key, f"{len(lost)} of its parts are missing or corrupt")
             return None
     except UnsafePathError as err:  # planted or garbled: never used, counted with the refused entries
-        log.warning("refusing cache entry %s in %s: %s; nothing of it was run", key[:12], c.url, err)
-        safe_incr(c, untrusted=1, untrusted_unsafe_path=1)
+        refused_unsafe(c, "cache entry", key, err)
         return None
     except (CacheError, ArtifactFormatError) as err:
-        warn_once(c, f"cache {c.url} failed while reading artifact {key[:12]}: {err}; treating it as a miss",
-                  kind=f"read {type(err).__name__}")
-        safe_incr(c, errors=1)
-        metrics.note_miss("cache_error")
+        read_failed(c, "artifact", key, err)
         return None
     from precompile.key.fingerprint import check_environment
     from precompile.loader.artifact import Artifact
@@ -146,6 +145,50 @@ def drop_ref(cache: Cache, key: str, why: str, what: str = "cache entry") -> Non
         pass
 
 
+def signed_for_store(cache: Cache, manifest: M, what: str) -> M | None:
+    """``manifest`` signed with the signing key configured for ``cache`` (unchanged when there is none), or None
+    when verify keys are configured and no signing key is: every reader here would refuse the unsigned entry
+    (logged once).  The first step of every write (graph artifact, whole function, record); ``what`` names the
+    entry in the message.
+
+    Raises:
+        TrustConfigError: a configured signing or verify key cannot be read.
+    """
+    from precompile.artifact import trust
+
+    policy = trust.policy(cache)
+    manifest = policy.sign(manifest)  # type: ignore[arg-type]
+    if policy.required and manifest.signature is None:
+        warn_once(cache, f"not storing {what} {manifest.key[:12]} in {cache.url}: verify keys are configured and no "
+                         "signing key (PRECOMPILE_SIGNING_KEY), so it would be refused as unsigned; builders sign",
+                  kind="store unsigned")
+        return None
+    return manifest
+
+
+def read_failed(cache: Cache, what: str, key: str, err: Exception) -> None:
+    """A read of ``what`` ``key`` failed in the cache (``err``): a miss, logged once per cache and kind of error,
+    counted under ``errors``; nothing is dropped."""
+    warn_once(cache, f"cache {cache.url} failed while reading {what} {key[:12]}: {err}; treating it as a miss",
+              kind=f"read {type(err).__name__}")
+    safe_incr(cache, errors=1)
+    metrics.note_miss("cache_error")
+
+
+def write_failed(cache: Cache, what: str, key: str, err: Exception) -> None:
+    """A write of ``what`` ``key`` failed (``err``): logged once per cache and kind of error, counted under
+    ``errors``, never raised."""
+    warn_once(cache, f"could not store {what} {key[:12]} in {cache.url}: {err}", kind=f"store {type(err).__name__}")
+    safe_incr(cache, errors=1)
+
+
+def refused_unsafe(cache: Cache, what: str, key: str, err: Exception) -> None:
+    """An entry naming a path or import that fails :mod:`precompile.artifact.names` (planted or garbled): never
+    used, logged, counted with the refused entries (``untrusted``, ``untrusted_unsafe_path``)."""
+    log.warning("refusing %s %s in %s: %s; nothing of it was run", what, key[:12], cache.url, err)
+    safe_incr(cache, untrusted=1, untrusted_unsafe_path=1)
+
+
 def store(cache: Cache, art: Artifact) -> bool:
     """Write every blob of ``art``, then its manifest, then its ref (so no reader sees a partial artifact).
 
@@ -160,15 +203,10 @@ def store(cache: Cache, art: Artifact) -> bool:
     Raises:
         TrustConfigError: the configured signing key cannot be read.
     """
-    from precompile.artifact import trust
-
-    policy = trust.policy(cache)
-    art.manifest = policy.sign(art.manifest)
-    if policy.required and art.manifest.signature is None:
-        warn_once(cache, f"not storing artifact {art.key[:12]} in {cache.url}: verify keys are configured and no "
-                         "signing key (PRECOMPILE_SIGNING_KEY), so it would be refused as unsigned; builders sign",
-                  kind="store unsigned")
+    signed = signed_for_store(cache, art.manifest, "artifact")
+    if signed is None:
         return False
+    art.manifest = signed
     try:
         # put_blob of a blob already there writes nothing but refreshes it, so a concurrent eviction's grace
         # period protects it until the ref below lands
@@ -177,9 +215,7 @@ def store(cache: Cache, art: Artifact) -> bool:
         cache.set_ref(art.key, cache.put_blob(art.manifest.to_json()))
         return True
     except (CacheError, ArtifactNotFoundError) as err:
-        warn_once(cache, f"could not store artifact {art.key[:12]} in {cache.url}: {err}",
-                  kind=f"store {type(err).__name__}")
-        safe_incr(cache, errors=1)
+        write_failed(cache, "artifact", art.key, err)
         return False
 
 

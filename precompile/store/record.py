@@ -14,11 +14,9 @@ counted, never raised.
 from __future__ import annotations
 
 import json
-import logging
 from typing import Any
 
 from cache_backends.base import Cache
-from precompile import metrics
 from precompile.artifact.record_manifest import (
     KIND,
     MAX_MANIFEST_BYTES,
@@ -26,12 +24,12 @@ from precompile.artifact.record_manifest import (
     RecordManifest,
     is_record_doc,
 )
+from precompile.artifact import trust
 from precompile.errors import ArtifactFormatError, CacheError
+from precompile.store.cache_io import drop_ref, read_failed, read_manifest_doc, signed_for_store, write_failed
 
 __all__ = ["KIND", "MAX_MANIFEST_BYTES", "MAX_RECORD_BYTES", "RecordManifest", "is_record_doc", "read", "record_key",
            "write"]
-
-log = logging.getLogger("precompile")
 
 
 def record_key(factors: dict[str, Any]) -> str:
@@ -47,10 +45,6 @@ def read(cache: Cache, key: str, purpose: str) -> RecordManifest | None:
     Raises:
         TrustConfigError: a configured verify key cannot be read.
     """
-    from precompile.artifact import trust
-    from precompile.metrics import safe_incr, warn_once
-    from precompile.store.cache_io import drop_ref, read_manifest_doc
-
     policy = trust.policy(cache)
     try:
         doc = read_manifest_doc(cache, key, policy, "record", max_bytes=MAX_MANIFEST_BYTES)
@@ -68,10 +62,7 @@ def read(cache: Cache, key: str, purpose: str) -> RecordManifest | None:
         drop_ref(cache, key, str(err), "record")
         return None
     except CacheError as err:
-        warn_once(cache, f"cache {cache.url} failed while reading record {key[:12]}: {err}; treating it as a miss",
-                  kind=f"read {type(err).__name__}")
-        safe_incr(cache, errors=1)
-        metrics.note_miss("cache_error")
+        read_failed(cache, "record", key, err)
         return None
     return record
 
@@ -88,26 +79,18 @@ def write(cache: Cache, record: RecordManifest) -> RecordManifest | None:
         ValueError: ``record.data`` is over :data:`MAX_RECORD_BYTES`, the stored manifest would be over
             :data:`MAX_MANIFEST_BYTES` (what :func:`read` reads), or a value JSON cannot carry.
     """
-    from precompile.artifact import trust
-    from precompile.metrics import safe_incr, warn_once
-
     if len(json.dumps(record.data, allow_nan=False)) > MAX_RECORD_BYTES:
         raise ValueError(f"record data is over {MAX_RECORD_BYTES} bytes")
-    policy = trust.policy(cache)
-    record = policy.sign(record)  # type: ignore[arg-type]
-    if policy.required and record.signature is None:
-        warn_once(cache, f"not storing record {record.key[:12]} in {cache.url}: verify keys are configured and no "
-                         "signing key (PRECOMPILE_SIGNING_KEY)", kind="store unsigned")
+    signed = signed_for_store(cache, record, "record")
+    if signed is None:
         return None
-    raw = record.to_json()
+    raw = signed.to_json()
     if len(raw) > MAX_MANIFEST_BYTES:
         raise ValueError(f"the record's manifest is {len(raw)} bytes, over {MAX_MANIFEST_BYTES}")
     try:
-        cache.set_ref(record.key, cache.put_blob(raw))
-        return record
+        cache.set_ref(signed.key, cache.put_blob(raw))
+        return signed
     except CacheError as err:
-        warn_once(cache, f"could not store record {record.key[:12]} in {cache.url}: {err}",
-                  kind=f"store {type(err).__name__}")
-        safe_incr(cache, errors=1)
+        write_failed(cache, "record", signed.key, err)
         return None
 
