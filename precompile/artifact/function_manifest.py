@@ -85,12 +85,7 @@ class FunctionManifest(ManifestJSON):
         if not is_function_doc(data):
             raise ArtifactFormatError("not a whole-function manifest (no \"kind\": \"function\")")
         assert isinstance(data, dict)
-        if data.get("schema") != config.FORMAT_VERSION:
-            raise ArtifactFormatError(f"function manifest schema {data.get('schema')!r} is not supported by this "
-                                      f"precompile (it reads schema {config.FORMAT_VERSION})")
-        missing = [f for f in cls._FIELDS if f not in data]
-        if missing:
-            raise ArtifactFormatError(f"function manifest is missing fields {missing}")
+        cls._check_header(data, "function manifest")
         _check(data)
         return cls(**{f: data[f] for f in cls._FIELDS}, signature=data.get("signature"))
 

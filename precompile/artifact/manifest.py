@@ -47,6 +47,21 @@ class ManifestJSON:
         """UTF-8 JSON, keys sorted, indented: the bytes stored as the manifest blob."""
         return json.dumps(self.to_dict(), sort_keys=True, indent=1, allow_nan=False).encode()
 
+    @classmethod
+    def _check_header(cls, data: dict[str, Any], what: str, hint: str = "") -> None:
+        """The checks every manifest kind starts its parse with: this precompile's schema, every field present.
+
+        Raises:
+            ArtifactFormatError: naming ``what`` (``"manifest"``, ``"record"``...), ``hint`` appended to the
+                schema message.
+        """
+        if data.get("schema") != config.FORMAT_VERSION:
+            raise ArtifactFormatError(f"{what} schema {data.get('schema')!r} is not supported by this precompile "
+                                      f"(it reads schema {config.FORMAT_VERSION}){hint}")
+        missing = [f for f in cls._FIELDS if f not in data]
+        if missing:
+            raise ArtifactFormatError(f"{what} is missing fields {missing}")
+
 
 @dataclass
 class Manifest(ManifestJSON):
@@ -114,13 +129,7 @@ class Manifest(ManifestJSON):
         """
         if not isinstance(data, dict):
             raise ArtifactFormatError("manifest is not a JSON object")
-        if data.get("schema") != config.FORMAT_VERSION:
-            raise ArtifactFormatError(
-                f"manifest schema {data.get('schema')!r} is not supported by this precompile "
-                f"(it reads schema {config.FORMAT_VERSION}); rebuild the artifact with this version")
-        missing = [f for f in cls._FIELDS if f not in data]
-        if missing:
-            raise ArtifactFormatError(f"manifest is missing fields {missing}")
+        cls._check_header(data, "manifest", "; rebuild the artifact with this version")
         from precompile.artifact.names import check_manifest
 
         check_manifest(data)

@@ -72,12 +72,7 @@ class RecordManifest(ManifestJSON):
         if not is_record_doc(doc):
             raise ArtifactFormatError("not a record (no \"kind\": \"record\")")
         assert isinstance(doc, dict)
-        if doc.get("schema") != config.FORMAT_VERSION:
-            raise ArtifactFormatError(f"record schema {doc.get('schema')!r} is not supported by this precompile "
-                                      f"(it reads schema {config.FORMAT_VERSION})")
-        missing = [f for f in cls._FIELDS if f not in doc]
-        if missing:
-            raise ArtifactFormatError(f"record is missing fields {missing}")
+        cls._check_header(doc, "record")
         key, purpose = doc["key"], doc["purpose"]
         if not isinstance(key, str) or not HEX64.match(key):
             raise ArtifactFormatError(f"record field key is not a sha256 digest: {str(key)[:80]!r}")
