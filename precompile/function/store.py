@@ -70,7 +70,8 @@ def read(cache: Cache, key: str) -> Stored | None:
             return None
         part = manifest.parts["dynamo"]
         if int(manifest.blobs[part]["size"]) > MAX_DYNAMO_BYTES:
-            drop(cache, key, f"its Dynamo part claims {manifest.blobs[part]['size']} bytes (at most {MAX_DYNAMO_BYTES})")
+            drop(cache, key,
+                 f"its Dynamo part claims {manifest.blobs[part]['size']} bytes (at most {MAX_DYNAMO_BYTES})")
             return None
         data = cache.get_blob(part)
         # the backend verified the digest; checked again here because the next step unpickles

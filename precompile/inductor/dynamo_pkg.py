@@ -156,8 +156,8 @@ class _LazyDebugBackend:
     Dynamo's minifier), built at the backend's first call instead of up front.
 
     ``get_compiler_fn`` imports ``torch._dynamo.repro.after_dynamo``, which pulls in functorch's AOT autograd and
-    Dynamo's testing helpers: about 0.15 s of a warm start (CPU, median of 5 starts) that a stored function whose guards pass never
-    needs.  The wrapper is built the first time a graph is compiled (a build or a retrace), so ``repro_after`` and
+    Dynamo's testing helpers: about 0.15 s of a warm start (CPU, median of 5 starts) that a stored function whose
+    guards pass never needs.  The wrapper is built the first time a graph is compiled (a build or a retrace), so ``repro_after`` and
     the minifier behave as under ``torch.compile``.
     """
 

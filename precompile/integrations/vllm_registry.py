@@ -2,15 +2,15 @@
 
 Before a vLLM start builds anything, its model registry inspects the model's class (``_ModelInfo``: is it a text
 generation model, does it support pipeline parallelism, ...) in a subprocess that imports vLLM, torch and the model
-module: about 8 s on a 2-core CPU.  vLLM keeps the answer at ``$VLLM_CACHE_ROOT/modelinfos/<module>-<class>.json``, keyed
-by the hash of the model module's source, on one machine's disk.  This module keeps the same JSON in precompile's
-cache as a record (:mod:`precompile.store.record`, purpose ``vllm_modelinfo``), so that a new machine of the fleet finds
-it there:
+module: about 8 s on a 2-core CPU.  vLLM keeps the answer at ``$VLLM_CACHE_ROOT/modelinfos/<module>-<class>.json``,
+keyed by the hash of the model module's source, on one machine's disk.  This module keeps the same JSON in
+precompile's cache as a record (:mod:`precompile.store.record`, purpose ``vllm_modelinfo``), so that a new machine
+of the fleet finds it there:
 
 - before vLLM reads its file: if vLLM finds nothing, the record for the same class and module hash is read from
   the cache (signature, structure and bounds checked), its fields checked against vLLM's ``_ModelInfo`` (every
-  name, and each value of its field's declared type; nothing is run), and written to the path vLLM reads, in vLLM's own format, atomically; then
-  vLLM reads it as it reads its own.  The path is vLLM's, never the cache's;
+  name, and each value of its field's declared type; nothing is run), and written to the path vLLM reads, in
+  vLLM's own format, atomically; then vLLM reads it as it reads its own.  The path is vLLM's, never the cache's;
 - after vLLM writes a new file (its subprocess ran): the same JSON is stored as a record.
 
 It is a ``vllm.general_plugins`` entry point (vLLM loads those early in every process), active where
