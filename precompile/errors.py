@@ -134,3 +134,15 @@ class OptionsError(ArtifactError, ValueError):
 
 class RecipeError(PrecompileError, ValueError):
     """A model recipe name, config or shape list given to ``precompile warmup`` is invalid."""
+
+
+# ------------------------------------------------------------------------------------------- bounded input
+class InputLimitError(PrecompileError, ValueError):
+    """Untrusted input (a cache entry, an artifact file or part, a bundle) is larger, inflates further or nests
+    deeper than the bound for what it is.  Raised before the input is allocated or parsed; a cache read that
+    raises it is a miss (:mod:`cache_backends.bounded`)."""
+
+
+class NotRegularFileError(PrecompileError, OSError):
+    """A path read as a cache entry or an artifact file is a FIFO, device, directory or socket, not a regular
+    file.  Nothing is read from it (opening never blocks); a cache read that raises it is a miss."""

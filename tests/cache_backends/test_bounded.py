@@ -1,0 +1,58 @@
+"""cache_backends.bounded: reads of untrusted files and JSON that can neither hang nor take unbounded memory."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+
+from cache_backends.bounded import MAX_JSON_DEPTH, loads_json, read_regular
+from precompile.errors import InputLimitError, NotRegularFileError
+
+
+def test_a_fifo_is_refused_at_once_without_blocking(tmp_path):
+    os.mkfifo(tmp_path / "ref")
+    start = time.monotonic()
+    with pytest.raises(NotRegularFileError, match="FIFO"):
+        read_regular(tmp_path / "ref", 1 << 20, "cache ref")
+    assert time.monotonic() - start < 1.0
+
+
+@pytest.mark.parametrize("target", ["/dev/zero", "/dev/urandom", "/"])
+def test_a_symlink_to_a_device_or_directory_is_refused(tmp_path, target):
+    (tmp_path / "blob").symlink_to(target)
+    with pytest.raises(NotRegularFileError):
+        read_regular(tmp_path / "blob", 1 << 20)
+
+
+def test_a_file_over_its_bound_is_refused_and_one_at_it_is_read(tmp_path):
+    (tmp_path / "part").write_bytes(b"x" * 1001)
+    with pytest.raises(InputLimitError, match="1001 bytes, more than the 1000"):
+        read_regular(tmp_path / "part", 1000)
+    (tmp_path / "part").write_bytes(b"y" * 1000)
+    assert read_regular(tmp_path / "part", 1000) == b"y" * 1000
+
+
+def test_a_missing_file_is_file_not_found(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        read_regular(tmp_path / "nothing", 10)
+
+
+def test_json_deeper_than_the_bound_is_refused_before_parsing():
+    deep = "[" * 200_000 + "]" * 200_000
+    with pytest.raises(InputLimitError, match="deeper"):
+        loads_json(deep, 1 << 20)
+    ok = "[" * MAX_JSON_DEPTH + "]" * MAX_JSON_DEPTH
+    assert loads_json(ok, 1 << 20) == json.loads(ok)
+
+
+def test_brackets_inside_strings_do_not_count_and_escapes_are_honoured():
+    doc = {"a": "[[[[{{{{", "b": [1, {"c": '"]]]}}\\'}]}
+    assert loads_json(json.dumps(doc), 1 << 10, max_depth=3) == doc
+
+
+def test_json_longer_than_its_bound_is_refused():
+    with pytest.raises(InputLimitError, match="more than the 10"):
+        loads_json(b'{"a": "0123456789"}', 10)
