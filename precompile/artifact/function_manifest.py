@@ -41,7 +41,8 @@ class FunctionManifest(ManifestJSON):
         key: the artifact key (:func:`precompile.function.key.function_key` of ``factors``).
         factors: what the key hashes (:mod:`precompile.function.key`).
         parts: ``{"dynamo": digest}``: Dynamo's record of the function (its guarded bytecode, guards, resume
-            functions), a pickle written by torch (:mod:`precompile.inductor.dynamo_pkg`).
+            functions), a pickle written by torch (:mod:`precompile.inductor.dynamo_pkg`); ``{}`` in a manifest
+            stored as refused (``build.refused`` says why the function could not be stored whole).
         graphs: ``{compiled-graph name: graph artifact key}``: the name the stored bytecode calls each graph by,
             and the precompile artifact that graph loads from.
         sources: the functions Dynamo traced through: ``[{"module", "first", "last", "sha256"}]``
@@ -49,7 +50,8 @@ class FunctionManifest(ManifestJSON):
         frames: per compiled frame, in trace order: ``{"code": name, "graphs": count, "guards": [text, ...]}``.
         env: the environment fingerprint.
         blobs: ``{digest: {"size": bytes, "role": str}}``.
-        build: facts about the build (seconds, created, precompile version, frames traced); never in the key.
+        build: facts about the build (seconds, created, precompile version, frames traced, ``left_out``: frames
+            traced at run time and why, ``refused``: why nothing could be stored); never in the key.
         signature: as a graph manifest's (:mod:`precompile.artifact.trust`).
     """
 
@@ -67,6 +69,12 @@ class FunctionManifest(ManifestJSON):
     signature: dict[str, Any] | None = None
 
     _FIELDS = ("schema", "kind", "key", "factors", "parts", "graphs", "sources", "frames", "env", "blobs", "build")
+
+    @property
+    def refused(self) -> str | None:
+        """Why its builder could not store the function whole (it then names no Dynamo part), or None."""
+        why = self.build.get("refused")
+        return why if isinstance(why, str) else None
 
     def total_bytes(self) -> int:
         """Sum of the sizes of its own blobs, bytes (the graph artifacts it names are counted apart)."""
@@ -124,7 +132,12 @@ def _check(doc: dict[str, Any]) -> None:
         size = _typed(_typed(info, dict, f"blobs[{d[:12]}]").get("size"), int, f"blobs[{d[:12]}].size")
         if size < 0:
             raise ArtifactFormatError(f"function manifest field blobs[{d[:12]}].size is negative")
-    if _digest(doc["parts"].get("dynamo"), "parts.dynamo") not in blobs:
+    refused = doc["build"].get("refused")
+    if refused is not None:  # stored as refused: the reason, and nothing to load
+        if not isinstance(refused, str) or len(refused) > MAX_TEXT or doc["parts"] or blobs:
+            raise ArtifactFormatError("function manifest field build.refused must be a reason (a string of at most "
+                                      f"{MAX_TEXT} characters) on a manifest with no parts or blobs")
+    elif _digest(doc["parts"].get("dynamo"), "parts.dynamo") not in blobs:
         raise ArtifactFormatError("function manifest field parts.dynamo names a blob not in its blobs")
     for name, key in _bounded(doc["graphs"], dict, MAX_GRAPHS, "graphs").items():
         if not isinstance(name, str) or not _BACKEND.match(name):

@@ -43,9 +43,14 @@ class CompiledFunction:
     Attributes:
         key: the whole-function artifact key (64 hex).
         outcome: ``"hit"``, ``"built"``, ``"waited"`` or ``"takeover"``
-            (:func:`precompile.store.coordination.get_or_build`), or ``"uncached"`` when nothing could be stored (no
-            cache, or a frame Dynamo cannot record).
-        miss_reason: why the stored artifact, if any, was not used (e.g. ``"source changed: ..."``), else None.
+            (:func:`precompile.store.coordination.get_or_build`); ``"traced"`` when the cache holds the function
+            but not in a form this process can use (its builder could not store it whole, or it does not install
+            here: :attr:`miss_reason`), so it is traced and its graphs loaded from the cache, nothing stored; or
+            ``"uncached"`` with no cache.
+        miss_reason: why no stored function was used, or why a call was traced after a hit: ``"its builder could
+            not store it: ..."``, ``"stored, but does not install here: ..."``, ``"source changed: ..."``, ``"the
+            stored guards refused a call"``; else None.
+        not_stored: on a build, why the function could not be stored whole (stored as refused then), else None.
         load_seconds: wall seconds of the lookup and install on a hit, or of the first traced call on a miss.
         graphs: ``{compiled-graph name: graph artifact key}``.
         records: one :class:`precompile.build.capture.GraphRecord` per graph compiled or loaded by this function.
@@ -75,6 +80,8 @@ class CompiledFunction:
         self.graphs: dict[str, str] = {}
         self.records: list[Any] = []
         self.retraces = 0
+        self.not_stored: str | None = None
+        self._left_out: dict[str, list[str]] = {}
         if not isinstance(fn, torch.nn.Module):
             functools.update_wrapper(self, fn)  # type: ignore[arg-type]
 
@@ -112,17 +119,22 @@ class CompiledFunction:
             self._build(args, kwargs)
             self.outcome = "uncached"
         else:
-            _, self.outcome = get_or_build(self._cache, self.key, self._load, lambda: self._build(args, kwargs),
-                                           counters="function_")
-            if self.outcome == "hit":
+            found, self.outcome = get_or_build(self._cache, self.key, self._load, lambda: self._build(args, kwargs),
+                                               counters="function_")
+            if found == _TRACE:  # stored, but not usable: its graphs still come from the cache
+                self.outcome = "traced"
+                self._build(args, kwargs, store=False)
+            elif self.outcome == "hit":
                 safe_incr(self._cache, function_hits=1)
         self.load_seconds = time.perf_counter() - start
         log.info("function %s %s: %s in %.3f s (%d graphs)", _name(self._target), self.key[:12], self.outcome,
                  self.load_seconds, len(self.graphs))
 
     # ----------------------------------------------------------------------------------------- a hit
-    def _load(self) -> bool | None:
-        """Install the stored function, or None on a miss (the reason in :attr:`miss_reason`)."""
+    def _load(self) -> bool | str | None:
+        """Install the stored function: True; None on a miss; :data:`_TRACE` when the stored entry says the function
+        cannot be stored whole, or does not install here (the reason in :attr:`miss_reason`): traced then, nothing
+        stored, so that every worker does not rebuild and rewrite the same key."""
         from precompile.inductor import dynamo_pkg
         from precompile.store.cache_io import load_from_cache
 
@@ -131,6 +143,12 @@ class CompiledFunction:
         if got is None:
             return None
         m = got.manifest
+        if m.refused is not None:
+            if m.build.get("precompile") != __version__:  # another precompile may store what this one could not
+                self._miss(f"stored as refused by precompile {m.build.get('precompile')}: trying again", "refused_old")
+                return None
+            self._miss(f"its builder could not store it: {m.refused}", "function_unstorable")
+            return _TRACE
         why = sources.changed(m.sources)
         if why is not None:
             return self._miss(why, "source_changed")
@@ -158,10 +176,15 @@ class CompiledFunction:
             missing = sorted(set(dynamo_pkg.backend_ids(record)) - set(m.graphs))
             if missing:
                 raise ValueError(f"its bytecode calls graphs the manifest does not name: {missing[:3]}")
-            package = dynamo_pkg.install(self._target, record, loaded)
-        except (ValueError, RuntimeError) as err:
+        except ValueError as err:  # a damaged entry: dropped, rebuilt
             store.drop(self._cache, self.key, str(err))
             return None
+        try:
+            package = dynamo_pkg.install(self._target, record, loaded)
+        except RuntimeError as err:  # sound, but not for this process: kept for the workers it serves
+            self._miss(f"stored, but does not install here: {err}", "function_install_failed")
+            return _TRACE
+        self._left_out = dict(m.build.get("left_out") or {})
         self._package = package
         self.graphs = dict(m.graphs)
         self.records = records
@@ -204,11 +227,12 @@ class CompiledFunction:
         texts = sorted(f"{g.create_fn_name()} {g.name}"[:MAX_TEXT] for g in guards)
         self._frames.append({"code": f"frame {len(self._frames)}", "guards": texts})
 
-    def _build(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    def _build(self, args: tuple[Any, ...], kwargs: dict[str, Any], store: bool = True) -> bool:
         from precompile.inductor import dynamo_pkg
 
-        if self.miss_reason is None and config.explain_misses():
-            log.warning("function %s: no stored artifact under key %s", _name(self._target), (self.key or "")[:12])
+        if config.explain_misses():
+            log.warning("function %s %s: %s", _name(self._target), (self.key or "")[:12],
+                        self.miss_reason or self._nearest())
         self._package = dynamo_pkg.new_package(self._target)
         self._run = dynamo_pkg.optimize(self._target, self._on_graph, self._package, dynamic=self._dynamic,
                                         fullgraph=self._fullgraph, guard_export=self._on_guards)
@@ -217,48 +241,76 @@ class CompiledFunction:
         self._first = (self._run(*args, **kwargs),)
         self._build_seconds = time.perf_counter() - start
         self._build_frames = dynamo_pkg.frames_traced() - traced
-        if self._cache is not None:
+        if self._cache is not None and store:
             safe_incr(self._cache, function_builds=1)
-            self._store()
+            self._store(first=True)
         return True
+
+    def _nearest(self) -> str:
+        """Why a key with no stored entry misses: the nearest stored function and what differs (diff)."""
+        from precompile.store.diff import explain_miss
+        from precompile.store.lookup import stored_manifests
+
+        try:
+            return explain_miss(self.key or "", self._factors, stored_manifests(self._cache)) if self._cache else \
+                "no cache"
+        except Exception as err:  # noqa: BLE001 - an explanation never fails the call
+            return f"no stored artifact (the cache could not be compared: {err})"
 
     def _after_retrace(self) -> None:
         self.retraces += 1
-        log.info("function %s: the stored guards refused a call; traced it (%d graphs now)", _name(self._target),
-                 len(self.graphs))
+        if self.outcome in ("hit", "waited", "takeover") and self.retraces == 1:
+            self.miss_reason = "the stored guards refused a call" + (
+                f" (or it ran a frame left out of the record: {sorted(self._left_out)[:2]})" if self._left_out else "")
+        log.info("function %s: %s; traced it (%d graphs now)", _name(self._target),
+                 self.miss_reason or "the stored guards refused a call", len(self.graphs))
         if self._cache is not None:
             metrics.note_miss("guard_failed")
             safe_incr(self._cache, function_misses=1, function_retraces=1)
-            self._store()
+            if self.outcome != "traced" and not self._left_out:  # a left-out frame is traced in every process
+                self._store(first=False)
 
-    def _store(self) -> None:
-        from precompile.inductor import dynamo_pkg
+    def _store(self, first: bool) -> None:
+        """Store the function (after its build, or after a retrace added an entry).  A function that cannot be
+        stored whole is stored as refused, with the reason, after its first build only (never over a stored one)."""
+        from precompile.inductor import dynamo_check, dynamo_pkg
         from precompile.key import fingerprint
 
         assert self._cache is not None and self.key is not None
-        if self._uncacheable:
-            log.warning("function %s is not stored: its graphs %s could not be cached", _name(self._target),
-                        self._uncacheable[:3])
-            return
-        try:
-            data, srcs, codes = dynamo_pkg.dump(self._package)
-        except Exception as err:  # noqa: BLE001 - a function Dynamo cannot record still runs, uncached
-            log.warning("function %s is not stored: %s", _name(self._target), err)
-            return
-        part = digest_bytes(data)
         devices = {"cpu", "cuda"} if "gpu_capability" in self._factors["env"] else {"cpu"}
+        build = {"seconds": round(getattr(self, "_build_seconds", 0.0), 3),
+                 "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                 "precompile": __version__, "torch": torch.__version__,
+                 "frames_traced": getattr(self, "_build_frames", 0), "retraces": self.retraces,
+                 "function": _name(self._target)}
+        try:
+            if self._uncacheable:
+                raise RuntimeError(f"its graphs {self._uncacheable[:3]} could not be cached")
+            dumped = dynamo_pkg.dump(self._package)
+            dynamo_check.check_installable(dumped.data)
+        except Exception as err:  # noqa: BLE001 - a function that cannot be stored still runs, traced
+            self.not_stored = str(err)[:MAX_TEXT]
+            log.warning("function %s is not stored: %s", _name(self._target), self.not_stored)
+            if first:
+                store.write_refused(self._cache, self.key, self._factors, fingerprint.environment(devices, full=True),
+                                    {**build, "refused": self.not_stored})
+            return
+        if dumped.left_out:
+            log.info("function %s: frames %s are left out of the stored function and traced at run time: %s",
+                     _name(self._target), sorted(dumped.left_out), dumped.left_out)
+        part = digest_bytes(dumped.data)
         manifest = FunctionManifest(
             key=self.key, factors=self._factors, parts={"dynamo": part}, graphs=dict(sorted(self.graphs.items())),
-            sources=srcs, frames=self._frames, env=fingerprint.environment(devices, full=True),
-            blobs={part: {"size": len(data), "role": "dynamo"}},
-            build={"seconds": round(getattr(self, "_build_seconds", 0.0), 3),
-                   "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                   "precompile": __version__, "torch": torch.__version__, "codes": codes,
-                   "frames_traced": getattr(self, "_build_frames", 0), "retraces": self.retraces,
-                   "function": _name(self._target)})
-        if store.write(self._cache, manifest, data) is not None:
+            sources=dumped.sources, frames=self._frames, env=fingerprint.environment(devices, full=True),
+            blobs={part: {"size": len(dumped.data), "role": "dynamo"}},
+            build={**build, "codes": dumped.codes, "left_out": dumped.left_out})
+        if store.write(self._cache, manifest, dumped.data) is not None:
             log.info("stored function %s as %s (%d graphs, %d sources)", _name(self._target), self.key[:12],
-                     len(self.graphs), len(srcs))
+                     len(self.graphs), len(dumped.sources))
+
+
+#: What :meth:`CompiledFunction._load` returns for a stored entry this process runs traced.
+_TRACE = "trace"
 
 
 def _name(fn: Any) -> str:

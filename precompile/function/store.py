@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 from cache_backends.base import MISS, Cache, digest_bytes
 from precompile import config, metrics
@@ -34,7 +35,8 @@ MAX_DYNAMO_BYTES = 256 << 20
 
 @dataclass
 class Stored:
-    """A verified whole-function entry: its manifest and the Dynamo part's bytes (digest checked, not unpickled)."""
+    """A verified whole-function entry: its manifest and the Dynamo part's bytes (digest checked, not unpickled;
+    empty for an entry stored as refused)."""
 
     manifest: FunctionManifest
     dynamo: bytes
@@ -68,6 +70,8 @@ def read(cache: Cache, key: str) -> Stored | None:
             safe_incr(cache, host_code_refused=1)
             metrics.note_miss("host_code")
             return None
+        if manifest.refused is not None:
+            return Stored(manifest, b"")
         part = manifest.parts["dynamo"]
         if int(manifest.blobs[part]["size"]) > MAX_DYNAMO_BYTES:
             drop(cache, key,
@@ -110,3 +114,18 @@ def write(cache: Cache, manifest: FunctionManifest, dynamo: bytes) -> FunctionMa
     except CacheError as err:
         write_failed(cache, "function artifact", signed.key, err)
         return None
+
+
+def write_refused(cache: Cache, key: str, factors: dict[str, Any], env: dict[str, Any], build: dict[str, Any]) -> None:
+    """Store under ``key`` that the function cannot be stored whole, and why (``build["refused"]``): a manifest with no
+    parts, signed like any other, so that the other workers of a fleet read the reason instead of each tracing,
+    failing and rewriting the same key.  A cache that refuses the write is logged and counted, never raised."""
+    manifest = FunctionManifest(key=key, factors=factors, parts={}, graphs={}, sources=[], frames=[], env=env,
+                                blobs={}, build=build)
+    signed = signed_for_store(cache, manifest, "function artifact")
+    if signed is None:
+        return
+    try:
+        cache.set_ref(key, cache.put_blob(signed.to_json()))
+    except CacheError as err:
+        write_failed(cache, "function artifact", key, err)

@@ -29,23 +29,11 @@ from typing import Any
 
 import torch
 
+from precompile.inductor import frame_state, named_guards
+
 log = logging.getLogger("precompile.function")
 
-#: Guard kinds that name objects of the building process (their ids, weakrefs, dict versions): they cannot
-#: hold in another process, so they are left out of a stored function, as torch's ``caching_precompile`` does.
-PROCESS_LOCAL_GUARDS = ("ID_MATCH", "CLOSURE_MATCH", "WEAKREF_ALIVE", "DICT_VERSION")
-
-
-def portable_guards(entries: Sequence[Any]) -> list[bool]:
-    """A Dynamo ``guard_filter_fn``: keep every guard but those in :data:`PROCESS_LOCAL_GUARDS`."""
-    keep = []
-    for g in entries:
-        derived = getattr(g, "derived_guard_types", ()) or ()
-        keep.append(not (g.guard_type in PROCESS_LOCAL_GUARDS or any(t in derived for t in PROCESS_LOCAL_GUARDS)))
-    return keep
-
-
-#: What :func:`_tolerate_unpicklable_guards` hands Dynamo for a frame whose guards do not pickle.
+#: What :func:`_patch_dynamo` hands Dynamo for a frame whose guards do not pickle.
 UNPICKLABLE_GUARDS = b""
 
 _recording = threading.local()  # .active: a precompile package is recording the frame being traced
@@ -57,9 +45,22 @@ def _package_class() -> type:
 
     class Package(CompilePackage):  # type: ignore[misc, valid-type]
         """torch's ``CompilePackage``, except that a frame it cannot record is left out of the record (marked
-        bypassed) instead of failing the user's call: code it cannot name (made by ``exec``, such as a dataclass's
-        ``__init__``, has no module to find it in), or guards that do not pickle.  The function still runs as
-        ``torch.compile`` would, and :func:`dump` refuses to store the record."""
+        bypassed, the reason kept in :attr:`refusals`) instead of failing the user's call: code it cannot name
+        (made by ``exec``, such as a dataclass's ``__init__``, has no module to find it in), guards that cannot be
+        stored (:mod:`precompile.inductor.named_guards`), or a guard state that does not pickle.  The function still
+        runs as ``torch.compile`` would; :func:`dump` stores the other frames, or refuses the record when the
+        function's own frame is the one left out."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            self.refusals: dict[int, list[str]] = {}  # id(code entry) -> why it is left out of the record
+            super().__init__(*args, **kwargs)
+
+        def _add_function(self, python_code: Any, python_module: str, *args: Any, **kwargs: Any) -> None:
+            # torch names the function's module by its ``__module__``, which ``functools.wraps`` copies from the
+            # function it wraps: a decorated forward's guards would then read another module's globals
+            if python_code is getattr(self._innermost_fn, "__code__", None):
+                python_module = _globals_module(self._innermost_fn) or python_module
+            super()._add_function(python_code, python_module, *args, **kwargs)
 
         def _add_user_function(self, code: Any) -> None:
             try:
@@ -69,16 +70,27 @@ def _package_class() -> type:
                             code.co_filename, code.co_firstlineno, err)
                 self._add_function(code, "<unrecorded>")
                 self._codes[code].bypassed = True
+                self.refusals[id(self._codes[code])] = [f"{code.co_name} ({code.co_filename}:{code.co_firstlineno}): "
+                                                        f"{str(err)[:400]}"]
 
         @contextlib.contextmanager
         def code_context(self, code: Any) -> Any:
             with super().code_context(code):
                 before = getattr(_recording, "active", False)
-                _recording.active = True
+                _recording.active, _recording.why = True, None
+                named_guards.reset(self._codes[code].python_module if code in self._codes else None)
                 try:
                     yield
                 finally:
                     _recording.active = before
+
+        def bypass_current_entry(self) -> None:
+            entry = self._current_entry
+            if entry is not None:
+                why = named_guards.refusals() or getattr(_recording, "why", None) or [
+                    "torch could not store it (see its 'Detected a package bypass' warning)"]
+                self.refusals.setdefault(id(entry), list(why)[:3])
+            super().bypass_current_entry()
 
         def add_guarded_code(self, guards_state: bytes, dynamo_code: Any) -> None:
             if guards_state == UNPICKLABLE_GUARDS:
@@ -89,39 +101,94 @@ def _package_class() -> type:
     return Package
 
 
-@functools.cache
-def _tolerate_unpicklable_guards() -> None:
-    """Make a frame whose guard state does not pickle a frame left out of the record, not a failed call.
+def _frame_name(entry: Any) -> str:
+    """``module:function`` of a recorded frame, for messages."""
+    return f"{entry.python_module}:{','.join(entry.function_names) or '<main>'}"
 
-    Dynamo pickles each frame's guard state while tracing under a package.  In torch 2.11-2.13 a state that does
-    not pickle (a guard on a function made by ``exec``, say) fails the user's call: ``pickle.PicklingError`` and
-    ``TypeError`` escape, and the ``PackageError`` torch makes of an ``AttributeError`` leads to its own
-    "guards_state must not be None" assertion.  Wrapped once per process: while a precompile package records
-    the frame, such a failure hands Dynamo :data:`UNPICKLABLE_GUARDS`, which the package takes as a bypass of the
-    frame; any other caller sees torch's behaviour unchanged.
+
+def _globals_module(fn: Any) -> str | None:
+    """The name of the module whose globals ``fn`` runs in, where that module is imported; else None."""
+    scope = getattr(fn, "__globals__", None)
+    name = scope.get("__name__") if isinstance(scope, dict) else None
+    module = sys.modules.get(name) if isinstance(name, str) else None
+    return name if module is not None and module.__dict__ is scope else None
+
+
+@functools.cache
+def _patch_dynamo() -> None:
+    """Dynamo's recording of a frame into a precompile package, made to store what library code makes.
+
+    Patched once per process; any caller but a precompile package recording a frame sees torch's behaviour:
+
+    - the guard state is pickled by :mod:`precompile.inductor.frame_state`'s pickler (decorated functions by value,
+      plain objects with only the attributes the guard tree reads);
+    - a module Dynamo installs as a global is named by its import name and recorded in the package
+      (:func:`precompile.inductor.frame_state.install_global_by_id`), so a fresh process has it;
+    - each frame Dynamo traces is counted (:func:`frames_traced`);
+    - a frame with a guard no other process could check (:func:`precompile.inductor.named_guards.refusals`), and
+      one whose state still does not pickle, is left out of the record instead of failing the user's call.
+      In torch 2.11-2.13 ``pickle.PicklingError`` and ``TypeError`` escape, and the ``PackageError`` torch makes of
+      an ``AttributeError`` leads to its own "guards_state must not be None" assertion; here such a failure hands
+      Dynamo :data:`UNPICKLABLE_GUARDS`, which the package takes as a bypass of the frame.
     """
     from torch._dynamo import guards
     from torch._dynamo.exc import PackageError
 
     original = guards.pickle_guards_state
+    torch_pickler = guards.GuardsStatePickler
 
     @functools.wraps(original)
     def pickle_guards_state(*args: Any, **kwargs: Any) -> bytes:
+        if not getattr(_recording, "active", False):
+            return original(*args, **kwargs)
+        guards.GuardsStatePickler = frame_state.pickler_class()  # library code's guard state (frame_state)
         try:
             return original(*args, **kwargs)
         except (pickle.PicklingError, TypeError, PackageError) as err:
-            if not getattr(_recording, "active", False):
-                raise
-            log.warning("a frame's guards cannot be stored (%s: %s); the function will not be stored",
+            log.warning("a frame's guards cannot be stored (%s: %s); the frame will be traced at run time",
                         type(err).__name__, err)
+            _recording.why = [f"its guard state does not pickle ({type(err).__name__}: {str(err)[:300]})"]
             return UNPICKLABLE_GUARDS
+        finally:
+            guards.GuardsStatePickler = torch_pickler
 
     guards.pickle_guards_state = pickle_guards_state
+    serialize = guards.CheckFunctionManager.serialize_guards
+
+    @functools.wraps(serialize)
+    def serialize_guards(self: Any, *args: Any, **kwargs: Any) -> bytes:
+        if not getattr(_recording, "active", False):
+            return serialize(self, *args, **kwargs)
+        refused = named_guards.refusals()  # guards kept for this process that no other process could check
+        if refused:
+            _recording.why = refused
+            return UNPICKLABLE_GUARDS
+        try:
+            return serialize(self, *args, **kwargs)
+        except PackageError as err:  # torch's own bypass of it then fails its "guards_state" assertion
+            _recording.why = [f"torch cannot store its guards ({err})"]
+            return UNPICKLABLE_GUARDS
+
+    guards.CheckFunctionManager.serialize_guards = serialize_guards
+    from torch._dynamo import convert_frame
+
+    compile_frame = convert_frame._compile
+
+    @functools.wraps(compile_frame)
+    def counted_compile(*args: Any, **kwargs: Any) -> Any:
+        _traced[0] += 1
+        return compile_frame(*args, **kwargs)
+
+    convert_frame._compile = counted_compile  # frames_traced()
+    from torch._dynamo.output_graph import OutputGraph
+
+    OutputGraph.install_global_by_id = frame_state.install_global_by_id(
+        OutputGraph.install_global_by_id, lambda package: isinstance(package, _package_class()))
 
 
 def new_package(fn: Callable[..., Any]) -> Any:
     """An empty ``CompilePackage`` for ``fn`` (a function or bound method), to trace under."""
-    _tolerate_unpicklable_guards()
+    _patch_dynamo()
     return _package_class()(fn)
 
 
@@ -143,7 +210,7 @@ def optimize(fn: Callable[..., Any], backend: Callable[..., Any], package: Any, 
         eval_frame.get_compiler_fn = lambda f: _LazyDebugBackend(f) if f is backend else original(f)
         try:
             return torch._dynamo.optimize(backend, nopython=fullgraph, dynamic=dynamic, package=package,
-                                          guard_filter_fn=portable_guards, guard_export_fn=guard_export)(fn)
+                                          guard_filter_fn=named_guards.portable_guards, guard_export_fn=guard_export)(fn)
         finally:
             eval_frame.get_compiler_fn = original
 
@@ -183,30 +250,49 @@ def backend_name(gm: torch.fx.GraphModule) -> str:
     return name
 
 
-def dump(package: Any) -> tuple[bytes, list[dict[str, Any]], int]:
-    """``package``'s record as bytes, with the sources it inlined and its count of code objects.
+@dataclasses.dataclass
+class Dumped:
+    """A package's record, ready to store.
 
-    The record is torch's ``_DynamoCacheEntry`` pickled, without the inlined modules' whole texts (torch keeps
-    them for debugging; precompile stores each inlined function's sha256 instead).
+    Attributes:
+        data: torch's ``_DynamoCacheEntry`` pickled.
+        sources: the functions Dynamo inlined, ``[{"module", "first", "last", "sha256"}]`` (line numbers 1-based,
+            ``last`` exclusive), sorted.
+        codes: how many code objects the record holds.
+        left_out: ``{frame: [why, ...]}``: the frames left out of the record (traced at run time after a load).
+    """
 
-    Returns:
-        ``(bytes, sources, codes)``: sources as ``[{"module", "first", "last", "sha256"}]`` (line numbers 1-based,
-        ``last`` exclusive), sorted; codes: how many code objects the record holds.
+    data: bytes
+    sources: list[dict[str, Any]]
+    codes: int
+    left_out: dict[str, list[str]]
+
+
+def dump(package: Any) -> Dumped:
+    """``package``'s record as bytes, without the inlined modules' whole texts (torch keeps them for debugging;
+    precompile stores each inlined function's sha256 instead).  A frame Dynamo could not record (a resume function
+    of a graph break, say) stays out of it and is traced at run time, as ``torch.compile`` would.
 
     Raises:
-        RuntimeError: Dynamo left the function's entry out of the record (``bypassed``: a guard or graph it cannot
-            store), so a load would trace anyway.
+        RuntimeError: the function's own frame is left out (then a load would trace everything), naming why.
     """
     entry = package.cache_entry()
-    bypassed = [c.python_module + ":" + ",".join(c.function_names or ["<main>"]) for c in entry.codes if c.bypassed]
-    if bypassed:
-        raise RuntimeError(f"Dynamo could not record every frame of the function ({bypassed}); see torch's "
-                           "'Detected a package bypass' warning for why")
+    left_out, codes = {}, []
+    for i, code in enumerate(entry.codes):
+        if code.bypassed:
+            why = getattr(package, "refusals", {}).get(id(code)) or ["see torch's 'Detected a package bypass' warning"]
+            if i == 0:
+                raise RuntimeError(f"Dynamo could not record the function's own frame: {'; '.join(why)}")
+            left_out[_frame_name(code)] = why
+            if not code.install_to_global:  # a function of its own, traced when called: nothing to install
+                continue
+        codes.append(code)  # a left-out resume function is still installed (the stored bytecode calls it)
+    entry = dataclasses.replace(entry, codes=codes)
     inlined = {dataclasses.replace(s, content="") for s in entry.source_info.inlined_sources}
     entry = dataclasses.replace(entry, source_info=dataclasses.replace(entry.source_info, inlined_sources=inlined))
     sources = sorted(({"module": s.module, "first": s.firstlineno, "last": s.lastlineno, "sha256": s.checksum}
                       for s in inlined), key=lambda s: (s["module"], s["first"]))
-    return pickle.dumps(entry, protocol=pickle.HIGHEST_PROTOCOL), sources, len(entry.codes)
+    return Dumped(pickle.dumps(entry, protocol=pickle.HIGHEST_PROTOCOL), sources, len(entry.codes), left_out)
 
 
 def backend_ids(record: Any) -> list[str]:
@@ -252,7 +338,7 @@ def install(fn: Callable[..., Any], record: Any, graphs: Mapping[str, Callable[.
         RuntimeError: the record does not fit this process (torch's or Python's version, a missing graph, a code
             object it cannot find); nothing is left installed then.
     """
-    _tolerate_unpicklable_guards()  # a guard failure here is traced into the package
+    _patch_dynamo()  # a guard failure here is traced into the package
     package = _package_class()(fn, record, ignore_inlined_sources=True)  # precompile checks the sources itself
     try:
         package.install({name: _Loaded(g) for name, g in graphs.items()})
@@ -286,7 +372,11 @@ def _advance_unique_ids(scopes: Iterable[dict[str, Any]]) -> None:
 
 
 def frames_traced() -> int:
-    """Frames Dynamo has traced in this process (its ``frames.total`` counter)."""
-    from torch._dynamo.utils import counters
+    """Frames Dynamo has traced in this process since precompile first looked (calls of
+    ``convert_frame._compile``).  Dynamo's ``counters["frames"]["total"]`` also counts frames its callback only
+    looks at and skips (no tensor in them), and its compile ids also number the frames a package installs."""
+    _patch_dynamo()
+    return _traced[0]
 
-    return int(counters["frames"]["total"])
+
+_traced = [0]

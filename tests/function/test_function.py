@@ -118,17 +118,23 @@ def test_dynamic_function_serves_other_sizes_without_tracing(tmp_path, user_modu
     assert hit["close"] and hit["other_size_close"] and _same(first, second)
 
 
-def test_a_frame_dynamo_cannot_record_runs_but_is_not_stored(tmp_path, user_module):
+def test_a_frame_dynamo_cannot_record_is_left_out_and_traced_where_it_runs(tmp_path, user_module):
     # Dynamo compiles made() (code from exec, no module) as a frame of its own after the graph break; torch's
-    # package cannot name it, so the function runs compiled as torch.compile would and is not stored
-    for tag in ("first", "second"):
-        got, _ = _run(tmp_path, "exec", tag)
-        assert got["outcome"] == "built" and got["close"], got
+    # package cannot name it, so the function is stored without it, and every process traces that frame alone
+    built, _ = _run(tmp_path, "exec", "first")
+    assert built["outcome"] == "built" and built["close"], built
     from cache_backends.registry import open_cache
 
     cache = open_cache(f"file://{tmp_path / 'cache'}")
-    kinds = [json.loads(cache.get_blob(d)).get("kind") for _, d in cache.iter_refs()]
-    assert "function" not in kinds and len(kinds) >= 2  # its graphs are stored, the function is not
+    stored = {k: json.loads(cache.get_blob(d)) for k, d in cache.iter_refs()}
+    (fn,) = [m for m in stored.values() if m.get("kind") == "function"]
+    (why,) = fn["build"]["left_out"].values()
+    assert "made" in why[0], why  # the frame, named, and why it is left out
+    hit, _ = _run(tmp_path, "exec", "second")
+    assert hit["outcome"] == "hit" and hit["close"] and 1 <= hit["frames"] <= 2, hit  # made() and its resume only
+    assert "left out of the record" in hit["reason"], hit
+    again = {k: json.loads(cache.get_blob(d)) for k, d in cache.iter_refs()}
+    assert again == stored  # the warm process rewrote nothing
 
 
 def test_changed_inlined_source_is_a_miss_with_its_reason(tmp_path, user_module):
