@@ -131,6 +131,24 @@ def read_at_most(f: IO[bytes], max_bytes: int, what: str = "file") -> bytes:
     return b"".join(chunks)
 
 
+def read_exact(f: IO[bytes], n: int) -> bytes:
+    """The next ``n`` bytes of ``f``, fewer only at its end; read in steps, so a caller that checked ``n`` against
+    what the file holds (``os.fstat``) never allocates more than the file has.
+
+    Raises:
+        OSError: a read failed.
+    """
+    chunks: list[bytes] = []
+    left = n
+    while left > 0:
+        chunk = f.read(min(left, STEP))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
 def loads_json(data: bytes | str, max_bytes: int, what: str = "document", max_depth: int = MAX_JSON_DEPTH) -> Any:
     """``json.loads(data)``, for a document of at most ``max_bytes`` bytes nested at most ``max_depth`` deep.
 
