@@ -208,7 +208,8 @@ class LocalCache(LocalUpkeepMixin, LocalCountersMixin, LocalFilesMixin, Cache):
 
     def get_blobs(self, digests: list[str], max_bytes: Bounds = None) -> dict[str, bytes | _Miss]:
         """``{digest: bytes or MISS}``, read and verified in a few threads (zstd and sha256 release the GIL), each
-        bounded as :meth:`get_blob` by ``max_bytes`` (one bound, or one per digest: :data:`~cache_backends.base.Bounds`).
+        bounded as :meth:`get_blob` by ``max_bytes`` (one bound, or one per digest:
+        :data:`~cache_backends.base.Bounds`).
 
         Raises:
             ValueError: a digest is not 64 lowercase hex characters (checked before anything is read).

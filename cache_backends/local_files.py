@@ -116,7 +116,8 @@ class LocalFilesMixin:
 
     def _over_limit(self, digest: str, err: InputLimitError) -> _Miss:
         """A blob larger than its reader accepts: a miss, logged, counted under ``over_limit``, left in place."""
-        log.warning("cache blob %s under %s is refused: %s; treated as a miss and left in place", digest, self.root, err)
+        log.warning("cache blob %s under %s is refused: %s; treated as a miss and left in place", digest, self.root,
+                    err)
         self._count(over_limit=1)
         return MISS
 

@@ -116,12 +116,13 @@ def read_manifest_doc(cache: Cache, key: str, policy: Any, what: str, *, max_byt
     no ref (counted ``absent``), a manifest blob missing, corrupt or over ``max_bytes`` bytes (default
     :data:`~cache_backends.bounded.MAX_MANIFEST_BYTES`: refused by the backend before it is allocated, counted
     ``over_limit``; the ref dropped, :func:`drop_ref`), or a signature the policy refuses (counted ``untrusted``,
-    the ref left alone).  The JSON is parsed with a depth bound (:func:`~precompile.artifact.manifest.load_json`).  The first
-    steps of every read of a cache entry (graph artifact, whole function, record); the caller checks the
+    the ref left alone).  The JSON is parsed with a depth bound (:func:`~precompile.artifact.manifest.load_json`).
+    The first steps of every read of a cache entry (graph artifact, whole function, record); the caller checks the
     structure next.  ``what`` names the entry in messages (``"cache entry"``, ``"record"``...).
 
     Raises:
-        ArtifactFormatError: the manifest blob is not JSON (the caller drops the ref).
+        ArtifactFormatError: the manifest blob is not JSON, or nested deeper than the JSON bound (the caller drops
+            the ref).
         CacheError: the cache failed (the caller counts a miss and drops nothing).
     """
     from precompile.artifact import trust
