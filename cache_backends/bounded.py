@@ -106,12 +106,13 @@ def read_regular(path: str | os.PathLike[str], max_bytes: int, what: str = "file
         if size > max_bytes:
             raise InputLimitError(f"{what} {os.fspath(path)} holds {size} bytes, more than the {max_bytes} "
                                   "accepted; refused without reading it")
-        return read_at_most(f, max_bytes, f"{what} {os.fspath(path)}")
+        return read_at_most(f, max_bytes, f"{what} {os.fspath(path)}", size)
 
 
-def read_at_most(f: IO[bytes], max_bytes: int, what: str = "file") -> bytes:
-    """The rest of ``f``, at most ``max_bytes`` bytes of it (read in steps: a file that grows while it is read, or
-    lies about its size, costs ``max_bytes`` + 1 bytes at most).
+def read_at_most(f: IO[bytes], max_bytes: int, what: str = "file", size: int | None = None) -> bytes:
+    """The rest of ``f``, at most ``max_bytes`` bytes of it: a file that grows while it is read, or lies about its
+    size, costs ``max_bytes`` + 1 bytes at most.  ``size`` (its ``fstat`` size, already checked against
+    ``max_bytes``) is read in one call, one allocation; the rest, if any, in steps.
 
     Raises:
         InputLimitError: ``f`` holds more than ``max_bytes`` bytes.
@@ -119,6 +120,12 @@ def read_at_most(f: IO[bytes], max_bytes: int, what: str = "file") -> bytes:
     """
     chunks: list[bytes] = []
     left = max_bytes + 1
+    if size is not None and 0 < size <= max_bytes:
+        first = f.read(size + 1)
+        if len(first) <= size:
+            return first
+        chunks.append(first)
+        left -= len(first)
     while left > 0:
         chunk = f.read(min(left, STEP))
         if not chunk:

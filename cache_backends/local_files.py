@@ -92,7 +92,7 @@ class LocalFilesMixin:
                 if st.st_size > frame_bound(max_bytes):
                     raise InputLimitError(f"its file holds {st.st_size} bytes, more than a blob of at most {max_bytes} "
                                           "bytes is stored as")
-                raw = read_at_most(f, frame_bound(max_bytes), f"cache blob {digest}")
+                raw = read_at_most(f, frame_bound(max_bytes), f"cache blob {digest}", st.st_size)
         except FileNotFoundError:
             return MISS, 0, 0
         except NotRegularFileError as err:
