@@ -43,7 +43,7 @@ from cache_backends.bounded import (
 from precompile import config
 from precompile.artifact import names
 from precompile.artifact.manifest import Manifest, load_json
-from precompile.errors import ArtifactFormatError, InputLimitError, NotRegularFileError
+from precompile.errors import ArtifactFormatError, InputLimitError, NotRegularFileError, PrecompileError
 
 MAGIC = b"\x89PCART\r\n"
 END = b"PCARTEND"
@@ -90,10 +90,15 @@ def read_binary(path: Path, check: Callable[[Manifest], None] | None = None) -> 
         ArtifactFormatError: not an artifact file, another version, truncated, or a blob that does not match its
             manifest; a size over its bound is one too, chained to the :class:`~precompile.errors.InputLimitError`.
         UnsafePathError: a name in the manifest would be an unsafe path or import.
-        OSError: the file cannot be read.
+        OSError: the file cannot be opened (a read that fails is an ``ArtifactFormatError``).
     """
     with open_regular(path, "artifact file") as f:
-        return _read_binary(f, os.fstat(f.fileno()).st_size, path, check)
+        try:
+            return _read_binary(f, os.fstat(f.fileno()).st_size, path, check)
+        except PrecompileError:  # UntrustedArtifactError (from check) is a PermissionError, an OSError too
+            raise
+        except OSError as err:  # a "regular" file that fails its reads (/proc/self/mem: EIO)
+            raise ArtifactFormatError(f"{path} cannot be read: {err}") from err
 
 
 def _read_binary(f: IO[bytes], size: int, path: Path,
