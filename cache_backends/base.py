@@ -11,6 +11,13 @@ cache (see DESIGN.md, "Cache layout"):
 
 Misses are the :data:`MISS` sentinel, never ``None`` or an exception (dogpile's ``NO_VALUE``).
 
+Every read is bounded (docs/format.md, "Bounds"): a caller that knows how large a blob may be says so
+(``max_bytes``: the manifest cap for a manifest, the size the manifest records for a part), and a blob stored
+larger than that, or decompressing past it, is a miss, counted under ``errors`` and ``over_limit``, logged, and left
+in place (it may be another entry's intact blob); nothing larger than :data:`~cache_backends.bounded.MAX_BLOB_BYTES`
+is ever allocated for a blob.  A local file that is not a regular file (a FIFO, a device, a directory) is never
+opened for reading in a way that blocks: it is a miss and is dropped.
+
 Error policy, the same in every method of every backend: a backend raises :class:`CacheError` subclasses
 (``CacheUnavailableError`` when storage cannot be reached, ``CacheReadOnlyError`` for a write to a read-only
 cache); it never returns wrong bytes.  The artifact layer turns every ``CacheError`` into a miss or a skipped
@@ -24,11 +31,11 @@ import logging
 import re
 from abc import ABC, abstractmethod
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Union
 
-import zstandard
+from cache_backends.bounded import MAX_BLOB_BYTES, MAX_RATIO, inflate
 
 log = logging.getLogger("precompile.cache")
 
@@ -48,23 +55,33 @@ HEX64: Final = re.compile(r"\A[0-9a-f]{64}\Z")  # \Z, not $: "$" also matches be
 
 #: Largest decompressed/compressed ratio accepted from a frame header (zstd's own bound is ~32768); a header
 #: claiming more is corruption, rejected before allocating the output.
-_MAX_RATIO = 65536
+_MAX_RATIO = MAX_RATIO
+
+#: What ``get_blob``/``get_blobs`` take as ``max_bytes``: one bound for every digest, a bound per digest (a
+#: manifest's recorded sizes; a digest it lacks gets :data:`MAX_BLOB_BYTES`), or None for the format's bound.
+Bounds = Union[int, Mapping[str, int], None]
 
 
-def decompress_frame(raw: bytes) -> bytes:
-    """Decompress one zstd frame written by a backend's ``put_blob`` (``zstandard.ZstdCompressor().compress``).
+def blob_bound(max_bytes: Bounds, digest: str) -> int:
+    """The largest size in bytes (uncompressed) accepted for blob ``digest`` under ``max_bytes`` (see :data:`Bounds`):
+    never more than :data:`~cache_backends.bounded.MAX_BLOB_BYTES`, never negative."""
+    if max_bytes is None:
+        return MAX_BLOB_BYTES
+    bound = max_bytes.get(digest, MAX_BLOB_BYTES) if isinstance(max_bytes, Mapping) else max_bytes
+    return max(0, min(int(bound), MAX_BLOB_BYTES))
+
+
+def decompress_frame(raw: bytes, max_bytes: int = MAX_BLOB_BYTES) -> bytes:
+    """Decompress one zstd frame written by a backend's ``put_blob`` (``zstandard.ZstdCompressor().compress``), to
+    at most ``max_bytes`` bytes (:func:`cache_backends.bounded.inflate`).
 
     Raises:
+        InputLimitError: (a ValueError) it decompresses, or its header says it does, to more than ``max_bytes``;
+            checked before the output is allocated.  The stored copy is not damaged: callers do not drop it.
         ValueError: truncated or garbled data, or a header claiming an implausible size (checked before the
             output is allocated).
     """
-    try:
-        size = zstandard.frame_content_size(raw)
-        if size < 0 or size > len(raw) * _MAX_RATIO + (1 << 20):
-            raise ValueError(f"frame header claims {size} bytes for {len(raw)} bytes of input")
-        return zstandard.ZstdDecompressor().decompress(raw)
-    except (zstandard.ZstdError, MemoryError) as err:
-        raise ValueError(f"{type(err).__name__}: {err}") from err
+    return inflate(raw, max_bytes)
 
 
 class _Miss:
@@ -166,19 +183,22 @@ class Cache(ABC):
 
     # ----------------------------------------------------------------------------------------------- blobs
     @abstractmethod
-    def get_blob(self, digest: str) -> bytes | _Miss:
+    def get_blob(self, digest: str, max_bytes: int | None = None) -> bytes | _Miss:
         """Bytes of blob ``digest`` (uncompressed, verified), or :data:`MISS`.
 
         A stored copy whose content does not hash to ``digest`` (flipped byte, truncation) is deleted,
-        counted under ``errors``, and reported as :data:`MISS`.
+        counted under ``errors``, and reported as :data:`MISS`.  One that would be larger than ``max_bytes``
+        bytes uncompressed (default and cap: :data:`~cache_backends.bounded.MAX_BLOB_BYTES`) is a miss counted
+        under ``errors`` and ``over_limit``, refused before it is allocated, and kept.
 
         Raises:
             CacheUnavailableError: the storage cannot be reached.
         """
 
-    def get_blobs(self, digests: list[str]) -> dict[str, bytes | _Miss]:
-        """``{digest: bytes or MISS}`` for each digest; backends may fetch in parallel or pipelined."""
-        return {d: self.get_blob(d) for d in digests}
+    def get_blobs(self, digests: list[str], max_bytes: Bounds = None) -> dict[str, bytes | _Miss]:
+        """``{digest: bytes or MISS}`` for each digest, each bounded as :meth:`get_blob` by
+        :func:`blob_bound(max_bytes, digest) <blob_bound>`; backends may fetch in parallel or pipelined."""
+        return {d: self.get_blob(d, blob_bound(max_bytes, d)) for d in digests}
 
     @abstractmethod
     def has_blob(self, digest: str) -> bool:

@@ -41,19 +41,21 @@ import zstandard
 from cache_backends.base import (
     HEX64,
     MISS,
+    Bounds,
     Cache,
     _Miss,
+    blob_bound,
     check_name,
-    decompress_frame,
     digest_bytes,
 )
+from cache_backends.bounded import open_regular
 from cache_backends.local_counters import STATS_LOCK_TIMEOUT_S, LocalCountersMixin  # noqa: F401
-from cache_backends.local_files import READ_ONLY_ERRNOS, LocalFilesMixin
+from cache_backends.local_files import READ_ONLY_ERRNOS, LocalFilesMixin, drop_ident, lstat_or_none
 from cache_backends.local_upkeep import (  # noqa: F401 - manifest_blob_digests, the constants: re-exported
     EVICT_TARGET_FRACTION, SIZE_RESCAN_S, STALE_TEMP_S, LocalUpkeepMixin, manifest_blob_digests)
 from cache_backends.local_url import make_file_url, parse_file_url
 from precompile import config
-from precompile.errors import CacheError, CacheUnavailableError, CacheURLError
+from precompile.errors import CacheError, CacheUnavailableError, CacheURLError, NotRegularFileError
 
 __all__ = ["LocalCache", "manifest_blob_digests"]
 
@@ -185,56 +187,41 @@ class LocalCache(LocalUpkeepMixin, LocalCountersMixin, LocalFilesMixin, Cache):
         return self._ref_dir / key
 
     # ------------------------------------------------------------------------------------------------ blobs
-    def _read_blob(self, digest: str) -> tuple[bytes | _Miss, int, int]:
-        """``(bytes or MISS, compressed bytes read, errors)``; no counters touched (callers batch them)."""
-        path = self._blob_path(digest)
-        try:
-            with open(path, "rb") as f:
-                st = os.fstat(f.fileno())
-                raw = f.read()
-        except FileNotFoundError:
-            return MISS, 0, 0
-        except OSError as err:
-            raise CacheUnavailableError(f"could not read blob {digest} under {self.root}: {err}") from err
-        try:
-            data = decompress_frame(raw)
-        except ValueError as err:
-            self._drop_bad_blob(digest, path, st, f"undecodable, {len(raw)} bytes on disk: {err}")
-            return MISS, len(raw), 1
-        if digest_bytes(data) != digest:
-            self._drop_bad_blob(digest, path, st, "content does not hash to its name")
-            return MISS, len(raw), 1
-        return data, len(raw), 0
-
-    def get_blob(self, digest: str) -> bytes | _Miss:
+    def get_blob(self, digest: str, max_bytes: int | None = None) -> bytes | _Miss:
         """Bytes of blob ``digest`` (uncompressed, verified against the digest), or :data:`MISS`.
 
-        A stored copy that does not decompress or does not hash to ``digest`` is deleted, counted under
-        ``errors``, logged as a warning and reported as :data:`MISS`.  Counts ``bytes_read`` (compressed bytes
-        read from disk).
+        A stored copy that does not decompress or does not hash to ``digest``, or whose file is not a regular file
+        (a FIFO, a device, a directory: never opened in a way that blocks), is deleted, counted under ``errors``,
+        logged as a warning and reported as :data:`MISS`.  One whose file or content is larger than ``max_bytes``
+        bytes (uncompressed; default and cap :data:`~cache_backends.bounded.MAX_BLOB_BYTES`) is refused before it
+        is allocated: a miss counted under ``errors`` and ``over_limit``, left in place.  Counts ``bytes_read``
+        (compressed bytes read from disk).
 
         Raises:
             ValueError: ``digest`` is not 64 lowercase hex characters.
             CacheUnavailableError: the file exists but cannot be read (permissions, I/O error).
         """
         check_name(digest)
-        data, nread, nerr = self._read_blob(digest)
+        data, nread, nerr = self._read_blob(digest, blob_bound(max_bytes, digest))
         self._count(bytes_read=nread, errors=nerr)
         return data
 
-    def get_blobs(self, digests: list[str]) -> dict[str, bytes | _Miss]:
-        """``{digest: bytes or MISS}``, read and verified in a few threads (zstd and sha256 release the GIL).
+    def get_blobs(self, digests: list[str], max_bytes: Bounds = None) -> dict[str, bytes | _Miss]:
+        """``{digest: bytes or MISS}``, read and verified in a few threads (zstd and sha256 release the GIL), each
+        bounded as :meth:`get_blob` by ``max_bytes`` (one bound, or one per digest:
+        :data:`~cache_backends.base.Bounds`).
 
         Raises:
             ValueError: a digest is not 64 lowercase hex characters (checked before anything is read).
             CacheUnavailableError: a file exists but cannot be read.
         """
         unique = list(dict.fromkeys(check_name(d) for d in digests))
+        bounds = [blob_bound(max_bytes, d) for d in unique]
         if len(unique) <= 1:
-            results = [self._read_blob(d) for d in unique]
+            results = [self._read_blob(d, b) for d, b in zip(unique, bounds)]
         else:
             with ThreadPoolExecutor(max_workers=min(_MAX_READ_THREADS, len(unique))) as pool:
-                results = list(pool.map(self._read_blob, unique))
+                results = list(pool.map(self._read_blob, unique, bounds))
         self._count(bytes_read=sum(r[1] for r in results), errors=sum(r[2] for r in results))
         return {d: r[0] for d, r in zip(unique, results)}
 
@@ -289,8 +276,9 @@ class LocalCache(LocalUpkeepMixin, LocalCountersMixin, LocalFilesMixin, Cache):
     # ------------------------------------------------------------------------------------------------- refs
     def get_ref(self, key: str) -> str | _Miss:
         """The digest stored under artifact key ``key``, or :data:`MISS`.  A hit refreshes the ref file's mtime
-        (the LRU clock) unless the cache is read-only.  A ref file that does not hold a digest is dropped,
-        counted under ``errors`` and reported as :data:`MISS`.
+        (the LRU clock) unless the cache is read-only.  A ref file that does not hold a digest, or is not a regular
+        file (a FIFO, a device, a directory: opened without blocking, never read), is dropped, counted under
+        ``errors`` and reported as :data:`MISS`; at most 256 bytes of a ref are read.
 
         Raises:
             ValueError: ``key`` is not 64 lowercase hex characters.
@@ -298,18 +286,20 @@ class LocalCache(LocalUpkeepMixin, LocalCountersMixin, LocalFilesMixin, Cache):
         """
         path = self._ref_path(check_name(key, "artifact key"))
         try:
-            with open(path, "rb") as f:
+            with open_regular(path, "cache ref") as f:
                 st = os.fstat(f.fileno())
                 text = f.read(256)
         except FileNotFoundError:
             return MISS
+        except NotRegularFileError as err:  # a FIFO, device or directory: never read, dropped as a garbled ref
+            st, text = lstat_or_none(path), str(err).encode()
         except OSError as err:
             raise CacheUnavailableError(f"could not read ref {key} under {self.root}: {err}") from err
         digest = text.decode("ascii", "replace").strip()
         if not HEX64.match(digest):
             log.warning("cache ref %s under %s is corrupt (%r); dropped, treated as a miss", key, self.root, text[:80])
-            if not self.read_only:
-                ident = (st.st_dev, st.st_ino)
+            ident = drop_ident(path, st)
+            if not self.read_only and ident is not None:
                 with contextlib.suppress(OSError):
                     self._remove_unless(path, lambda s: (s.st_dev, s.st_ino) != ident)
             self._count(errors=1)
@@ -382,3 +372,4 @@ class LocalCache(LocalUpkeepMixin, LocalCountersMixin, LocalFilesMixin, Cache):
         """Try once more to persist counters kept in memory; nothing else to release.  Never raises."""
         if self._pending and not self._configured_read_only:
             self.incr()
+

@@ -15,12 +15,16 @@ from pathlib import Path
 import filelock
 
 from cache_backends.base import add_counts, ordered_counters
+from cache_backends.bounded import loads_json, read_regular
 from cache_backends.local_files import warn_once_per_root
+from precompile.errors import NotRegularFileError
 
 log = logging.getLogger("precompile.cache")
 
 #: Seconds ``incr`` waits for the stats lock before keeping the counts in memory.
 STATS_LOCK_TIMEOUT_S = 10.0
+#: Largest ``stats.json`` read, bytes (ours is a few hundred: one line per counter).
+MAX_STATS_BYTES = 1 << 20
 
 
 class LocalCountersMixin:
@@ -37,15 +41,20 @@ class LocalCountersMixin:
     _warned_stats: bool
 
     def _read_stats(self) -> dict[str, int]:
+        """The persisted counters; ``{}`` (with a warning) when ``stats.json`` is not a regular file, is over
+        :data:`MAX_STATS_BYTES` bytes or does not parse: the next increment replaces it.
+
+        Raises:
+            OSError: it cannot be read (permissions, I/O error).
+        """
         try:
-            raw = self._stats_path.read_bytes()
+            doc = loads_json(read_regular(self._stats_path, MAX_STATS_BYTES, "cache counters"), MAX_STATS_BYTES,
+                             "cache counters", max_depth=2)
+            return {str(k): int(v) for k, v in doc.items() if isinstance(v, int)}
         except FileNotFoundError:
             return {}
-        try:
-            doc = json.loads(raw)
-            return {str(k): int(v) for k, v in doc.items() if isinstance(v, int)}
-        except (ValueError, AttributeError, RecursionError) as err:
-            log.warning("cache counters in %s do not parse (%s); starting them from zero", self._stats_path, err)
+        except (ValueError, AttributeError, NotRegularFileError) as err:  # InputLimitError is a ValueError
+            log.warning("cache counters in %s are unusable (%s); starting them from zero", self._stats_path, err)
             return {}
 
     def _count(self, **counts: int) -> None:

@@ -1,4 +1,7 @@
-"""Writing, removing and scanning files in a local cache directory (the file side of `LocalCache`).
+"""Reading, writing, removing and scanning files in a local cache directory (the file side of `LocalCache`).
+
+Every read opens without blocking and only regular files (:mod:`cache_backends.bounded`), bounded by what its
+caller accepts.
 
 Every write goes to ``<name>.<uuid4 hex>.incomplete`` beside its target, is flushed and fsynced, then moved into
 place with :func:`os.replace`; a removal first renames the file into ``tmp/`` and checks it there, so a file a
@@ -12,13 +15,21 @@ import contextlib
 import errno
 import logging
 import os
+import stat
 import threading
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from cache_backends.base import HEX64
-from precompile.errors import CacheError, CacheReadOnlyError, CacheUnavailableError
+from cache_backends.base import HEX64, MISS, _Miss, decompress_frame, digest_bytes
+from cache_backends.bounded import MAX_BLOB_BYTES, frame_bound, open_regular, read_at_most
+from precompile.errors import (
+    CacheError,
+    CacheReadOnlyError,
+    CacheUnavailableError,
+    InputLimitError,
+    NotRegularFileError,
+)
 
 log = logging.getLogger("precompile.cache")
 
@@ -41,16 +52,74 @@ def warn_once_per_root(root: Path, kind: str, message: str) -> None:
 
 
 
+def lstat_or_none(path: str | os.PathLike[str]) -> os.stat_result | None:
+    """``os.lstat(path)``, or None when it cannot be had (a file found unusable is dropped only if it is still the
+    one found: :meth:`LocalFilesMixin._remove_unless`)."""
+    try:
+        return os.lstat(path)
+    except OSError:
+        return None
+
+
+def drop_ident(path: Path, st: os.stat_result | None) -> tuple[int, int] | None:
+    """``(st_dev, st_ino)`` that the file under ``path`` must still have for a reader that found it unusable (its
+    stat ``st``) to drop it; a symlink's own (to ``/dev/zero``, to a file elsewhere: the link is removed, never
+    what it names), compared by :meth:`LocalFilesMixin._remove_unless` with ``os.lstat``."""
+    link = lstat_or_none(path)
+    if link is not None and stat.S_ISLNK(link.st_mode):
+        st = link
+    return (st.st_dev, st.st_ino) if st is not None else None
+
+
 class LocalFilesMixin:
-    """Atomic writes, checked removals, the read-only switch and the ref-file scan of a
+    """Bounded blob reads, atomic writes, checked removals, the read-only switch and the ref-file scan of a
     :class:`~cache_backends.local.LocalCache` (which provides ``root``, ``read_only``, ``_read_only_reason``,
-    ``_tmp_dir`` and ``_ref_dir``)."""
+    ``_tmp_dir``, ``_ref_dir``, ``_blob_path`` and ``_count``)."""
 
     root: Path
     read_only: bool
     _read_only_reason: str
     _tmp_dir: Path
     _ref_dir: Path
+
+    def _read_blob(self, digest: str, max_bytes: int = MAX_BLOB_BYTES) -> tuple[bytes | _Miss, int, int]:
+        """``(bytes or MISS, compressed bytes read, errors)``; no counters touched (callers batch them), except
+        ``over_limit``.  A file that is not a regular file is dropped; one over ``max_bytes`` is kept."""
+        path = self._blob_path(digest)
+        try:
+            with open_regular(path, "cache blob") as f:
+                st = os.fstat(f.fileno())
+                if st.st_size > frame_bound(max_bytes):
+                    raise InputLimitError(f"its file holds {st.st_size} bytes, more than a blob of at most {max_bytes} "
+                                          "bytes is stored as")
+                raw = read_at_most(f, frame_bound(max_bytes), f"cache blob {digest}", st.st_size)
+        except FileNotFoundError:
+            return MISS, 0, 0
+        except NotRegularFileError as err:
+            self._drop_bad_blob(digest, path, lstat_or_none(path), str(err))
+            return MISS, 0, 1
+        except InputLimitError as err:
+            return self._over_limit(digest, err), 0, 1
+        except OSError as err:
+            raise CacheUnavailableError(f"could not read blob {digest} under {self.root}: {err}") from err
+        try:
+            data = decompress_frame(raw, max_bytes)
+        except InputLimitError as err:
+            return self._over_limit(digest, err), len(raw), 1
+        except ValueError as err:
+            self._drop_bad_blob(digest, path, st, f"undecodable, {len(raw)} bytes on disk: {err}")
+            return MISS, len(raw), 1
+        if digest_bytes(data) != digest:
+            self._drop_bad_blob(digest, path, st, "content does not hash to its name")
+            return MISS, len(raw), 1
+        return data, len(raw), 0
+
+    def _over_limit(self, digest: str, err: InputLimitError) -> _Miss:
+        """A blob larger than its reader accepts: a miss, logged, counted under ``over_limit``, left in place."""
+        log.warning("cache blob %s under %s is refused: %s; treated as a miss and left in place", digest, self.root,
+                    err)
+        self._count(over_limit=1)
+        return MISS
 
     def _turn_read_only(self, err: OSError) -> None:
         if not self.read_only:
@@ -121,7 +190,7 @@ class LocalFilesMixin:
             except FileNotFoundError:
                 return False
         try:
-            keep = changed(os.stat(quarantine))
+            keep = changed(os.lstat(quarantine))  # the name's own file: a symlink is judged, not what it names
         except OSError:
             keep = True
         if keep:
@@ -142,14 +211,15 @@ class LocalFilesMixin:
         log.warning("cache blob %s under %s is corrupt (%s); %s, treated as a miss", digest, self.root, why, action)
         if self.read_only:
             return
-        ident = (st.st_dev, st.st_ino) if st is not None else None
+        ident = drop_ident(path, st)
         try:
             self._remove_unless(path, lambda s: ident is not None and (s.st_dev, s.st_ino) != ident)
         except OSError as err:
             log.warning("could not remove corrupt cache blob %s: %s", path, err)
 
     def _ref_files(self) -> list[tuple[str, str, os.stat_result]]:
-        """``[(key, text, stat)]`` of every ref file named by a key, sorted by key, garbled texts included.
+        """``[(key, text, stat)]`` of every ref file named by a key, sorted by key, garbled texts included (a ref
+        that is not a regular file is listed with the text ``""``, unread; at most 256 bytes of a ref are read).
 
         Raises:
             CacheUnavailableError: ``ref/`` cannot be listed or a ref cannot be read.
@@ -163,11 +233,16 @@ class LocalFilesMixin:
         out = []
         for name, path in entries:
             try:
-                with open(path, "rb") as f:
+                with open_regular(path, "cache ref") as f:
                     st = os.fstat(f.fileno())
                     text = f.read(256).decode("ascii", "replace").strip()
             except FileNotFoundError:
                 continue
+            except NotRegularFileError:  # listed as a garbled ref (verify drops it), never read
+                st2 = lstat_or_none(path)
+                if st2 is None:
+                    continue
+                st, text = st2, ""
             except OSError as err:
                 raise CacheUnavailableError(f"could not read ref {name} under {self.root}: {err}") from err
             out.append((name, text, st))

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import json
 import logging
 import os
 import re
@@ -20,7 +19,8 @@ from pathlib import Path
 import filelock
 
 from cache_backends.base import HEX64, MISS, StoredBlob, StoredRef, check_name, decompress_frame, digest_bytes
-from precompile.errors import CacheUnavailableError
+from cache_backends.bounded import MAX_BLOB_BYTES, MAX_MANIFEST_BYTES, frame_bound, loads_json, read_regular
+from precompile.errors import CacheUnavailableError, InputLimitError, NotRegularFileError
 
 log = logging.getLogger("precompile.cache")
 
@@ -43,9 +43,12 @@ def manifest_blob_digests(manifest: bytes) -> list[str]:
     the scan errs on the side of keeping.  Replace :attr:`LocalCache.referenced_digests` for another schema.
 
     Raises:
-        ValueError: ``manifest`` is not UTF-8 JSON (the evictor then keeps only the manifest itself).
+        ValueError: ``manifest`` is not UTF-8 JSON, or is longer than
+            :data:`~cache_backends.bounded.MAX_MANIFEST_BYTES` or deeper than
+            :data:`~cache_backends.bounded.MAX_JSON_DEPTH` (``InputLimitError``); the evictor then keeps only the
+            manifest itself.
     """
-    doc = json.loads(manifest)
+    doc = loads_json(manifest, MAX_MANIFEST_BYTES, "cache manifest")
     found: list[str] = [digest_bytes(manifest)]
     if isinstance(doc, dict) and isinstance(doc.get("blobs"), dict):
         found.extend(d for d in doc["blobs"] if isinstance(d, str))
@@ -147,7 +150,7 @@ class LocalUpkeepMixin:
         found = memo.get(manifest_digest)
         if found is not None:
             return found
-        data, nread, nerr = self._read_blob(manifest_digest)
+        data, nread, nerr = self._read_blob(manifest_digest, MAX_MANIFEST_BYTES)
         self._count(bytes_read=nread, errors=nerr)
         names = {manifest_digest}
         if data is not MISS:
@@ -270,20 +273,14 @@ class LocalUpkeepMixin:
         checked = nbytes = 0
         for digest, (path, st) in sorted(blobs.items()):
             try:
-                raw = path.read_bytes()
+                size, _ = self._check_file(digest, path)
             except FileNotFoundError:
                 continue
-            except OSError as err:
-                raise CacheUnavailableError(f"could not read blob {digest} under {self.root}: {err}") from err
             checked += 1
-            try:
-                data = decompress_frame(raw)
-                ok = digest_bytes(data) == digest
-                nbytes += len(data)
-            except ValueError:
-                ok = False
-            if not ok:
+            if size is None:
                 bad.append(digest)
+            else:
+                nbytes += size
         bad_set = set(bad)
         dangling: dict[str, os.stat_result] = {}
         for key, digest, st in self._scan_refs():
@@ -343,13 +340,29 @@ class LocalUpkeepMixin:
             CacheUnavailableError: the file exists but cannot be read.
         """
         try:
-            raw = self._blob_path(check_name(digest)).read_bytes()
+            return self._check_file(digest, self._blob_path(check_name(digest)))
         except FileNotFoundError:
             return None, "missing"
+
+    def _check_file(self, digest: str, path: Path) -> tuple[int | None, str | None]:
+        """``(uncompressed bytes, None)`` or ``(None, why)`` for the blob file ``path``: read bounded (a FIFO, a
+        device or a directory is bad without being read; nothing over :data:`MAX_BLOB_BYTES` is allocated).
+
+        Raises:
+            FileNotFoundError: it is gone.
+            CacheUnavailableError: it exists but cannot be read.
+        """
+        try:
+            raw = read_regular(path, frame_bound(MAX_BLOB_BYTES), f"cache blob {digest}")
+            data = decompress_frame(raw)
+        except NotRegularFileError as err:
+            return None, f"not a regular file ({err})"
+        except InputLimitError as err:
+            return None, f"larger than any blob ({err})"
+        except FileNotFoundError:
+            raise
         except OSError as err:
             raise CacheUnavailableError(f"could not read blob {digest} under {self.root}: {err}") from err
-        try:
-            data = decompress_frame(raw)
         except ValueError as err:
             return None, f"does not decompress ({err})"
         if digest_bytes(data) != digest:

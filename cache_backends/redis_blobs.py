@@ -14,9 +14,9 @@ from typing import Any
 import zstandard
 
 from cache_backends import redis_codec as codec
-from cache_backends.base import MISS, _Miss, check_name, digest_bytes
+from cache_backends.base import MISS, Bounds, _Miss, blob_bound, check_name, digest_bytes
 from cache_backends.redis_codec import PIPELINE_BYTES, RAW_IF_SAVING_BELOW
-from precompile.errors import CacheError
+from precompile.errors import CacheError, InputLimitError
 
 log = logging.getLogger("precompile.cache")
 
@@ -68,20 +68,27 @@ class BlobsMixin:
         parsed = codec.parse_chunked(head)
         return None if parsed is None else parsed.count
 
-    def get_blob(self, digest: str) -> bytes | _Miss:
+    def get_blob(self, digest: str, max_bytes: int | None = None) -> bytes | _Miss:
         """Bytes of blob ``digest`` (verified), or :data:`MISS`.  A corrupt or partial copy is dropped, counted
-        under ``errors`` and reported as :data:`MISS`.
+        under ``errors`` and reported as :data:`MISS`; one larger than ``max_bytes`` bytes (uncompressed; default
+        and cap :data:`~cache_backends.bounded.MAX_BLOB_BYTES`) is a miss counted under ``errors`` and
+        ``over_limit``, refused before it is allocated, and kept.
 
         Raises:
             ValueError: ``digest`` is not 64 lowercase hex characters.
             CacheUnavailableError: Redis cannot be reached, timed out or refused the read.
         """
-        return self.get_blobs([digest])[check_name(digest)]
+        return self.get_blobs([digest], max_bytes)[check_name(digest)]
 
-    def get_blobs(self, digests: list[str]) -> dict[str, bytes | _Miss]:
+    def get_blobs(self, digests: list[str], max_bytes: Bounds = None) -> dict[str, bytes | _Miss]:
         """``{digest: bytes or MISS}``: heads in one pipelined round trip, then chunks in pipelined batches of
         about :data:`PIPELINE_BYTES`.  With a TTL, every key read is refreshed in the same pipelines.
         Counts ``bytes_read`` (compressed bytes) and ``errors``.
+
+        Each blob is bounded as :meth:`get_blob` by ``max_bytes`` (one bound, or one per digest:
+        :data:`~cache_backends.base.Bounds`): a head is read only as far as such a blob's stored form can reach
+        (GETRANGE), a chunked head's length is checked before any chunk is read, each chunk is read only as far as
+        its head allows, and a frame decompresses as a stream that stops at the bound.
 
         Raises:
             ValueError: a digest is not 64 lowercase hex characters (checked before anything is read).
@@ -91,39 +98,52 @@ class BlobsMixin:
         out: dict[str, bytes | _Miss] = dict.fromkeys(unique, MISS)
         if not unique:
             return out
+        bound = {d: blob_bound(max_bytes, d) for d in unique}
         refresh = self.ttl_s is not None and not self.read_only
         with self._talk(f"reading {len(unique)} blob(s)"):
             pipe = self.client.pipeline(transaction=False)
             for d in unique:
-                pipe.get(self._head_key(d))
+                pipe.getrange(self._head_key(d), 0, codec.head_limit(bound[d]))  # one byte more than may be
                 if refresh:
                     pipe.pexpire(self._head_key(d), int(self.ttl_s * 1000))
             replies = pipe.execute()
-        heads: dict[str, bytes | None] = dict(zip(unique, replies[:: 2 if refresh else 1]))
+        heads: dict[str, bytes | None] = {d: h or None for d, h in zip(unique, replies[:: 2 if refresh else 1])}
         bad: list[str] = []
+        over: list[str] = []
         nread = 0
         chunked: list[tuple[str, codec.ChunkedHead]] = []
         for d, head in heads.items():
             if head is None:
                 continue
             nread += len(head)
-            if codec.head_kind(head) in (codec.INLINE_ZSTD, codec.INLINE_RAW):
-                data, why = codec.decode_inline(d, head)
-                if data is None:
-                    log.warning("Redis blob %s in %s %s; dropping it", d[:12], self.url, why)
+            try:
+                if len(head) > codec.head_limit(bound[d]):
+                    raise InputLimitError(f"its head holds more than the {codec.head_limit(bound[d])} bytes a blob "
+                                          f"of at most {bound[d]} bytes is stored in")
+                if codec.head_kind(head) in (codec.INLINE_ZSTD, codec.INLINE_RAW):
+                    data, why = codec.decode_inline(d, head, bound[d])
+                    if data is None:
+                        log.warning("Redis blob %s in %s %s; dropping it", d[:12], self.url, why)
+                        bad.append(d)
+                    else:
+                        out[d] = data
+                    continue
+                parsed = codec.parse_chunked(head)
+                if parsed is None:
+                    log.warning("Redis blob %s in %s has a garbled head; dropping it", d[:12], self.url)
                     bad.append(d)
-                else:
-                    out[d] = data
-                continue
-            parsed = codec.parse_chunked(head)
-            if parsed is None:
-                log.warning("Redis blob %s in %s has a garbled head; dropping it", d[:12], self.url)
-                bad.append(d)
-                continue
-            chunked.append((d, parsed))
+                    continue
+                codec.check_chunked(parsed, bound[d])
+                chunked.append((d, parsed))
+            except InputLimitError as err:
+                over.append(self._over_limit(d, err))
         for d, parsed in chunked:
-            data, why = codec.read_chunked(d, parsed, self.chunk_bytes,
-                                           lambda indices, d=d: self._fetch_chunks(d, indices, refresh))
+            try:
+                data, why = codec.read_chunked(d, parsed, lambda indices, limit, d=d: self._fetch_chunks(
+                    d, indices, limit, refresh), bound[d])
+            except InputLimitError as err:
+                over.append(self._over_limit(d, err))
+                continue
             if data is None:
                 log.warning("Redis blob %s in %s %s; dropping it", d[:12], self.url, why)
                 bad.append(d)
@@ -131,18 +151,26 @@ class BlobsMixin:
                 out[d] = data
                 nread += parsed.total
         self._drop(bad, heads)
-        self._count(bytes_read=nread, errors=len(bad))
+        self._count(bytes_read=nread, errors=len(bad) + len(over), over_limit=len(over))
         return out
 
-    def _fetch_chunks(self, digest: str, indices: range, refresh: bool) -> list[bytes | None]:
-        """Chunks ``indices`` of a blob in one pipelined round trip (with a TTL, refreshed in the same trip)."""
+    def _over_limit(self, digest: str, err: InputLimitError) -> str:
+        """A blob larger than its reader accepts: logged, left in place (counted by the caller); returns it."""
+        log.warning("Redis blob %s in %s is refused: %s; treated as a miss and left in place", digest[:12], self.url,
+                    err)
+        return digest
+
+    def _fetch_chunks(self, digest: str, indices: range, limit: int, refresh: bool) -> list[bytes | None]:
+        """Chunks ``indices`` of a blob, each read to at most ``limit`` + 1 bytes (GETRANGE: a longer chunk shows as
+        one byte too long, never as its whole length), in one pipelined round trip (with a TTL, refreshed in the same
+        trip); a missing chunk is None."""
         with self._talk(f"reading blob {digest[:12]}"):
             pipe = self.client.pipeline(transaction=False)
             for i in indices:
-                pipe.get(self._chunk_key(digest, i))
+                pipe.getrange(self._chunk_key(digest, i), 0, limit)
                 if refresh:
                     pipe.pexpire(self._chunk_key(digest, i), int(self.ttl_s * 1000))  # type: ignore[operator]
-            return pipe.execute()[:: 2 if refresh else 1]
+            return [c or None for c in pipe.execute()[:: 2 if refresh else 1]]
 
     def has_blob(self, digest: str) -> bool:
         """True if blob ``digest``'s head exists (not verified; one EXISTS).

@@ -7,8 +7,11 @@
   ``P:blob:{<digest>}:<i>`` hold a zstd frame / the raw bytes.
 
 Raw is used where zstd saves less than :data:`RAW_IF_SAVING_BELOW` of the size (kernel binaries, random data).
-Reading verifies everything: a head that does not parse, a chunk that is missing, lengths that disagree, a frame
-that does not decompress or bytes that do not hash to the digest make the blob a miss.
+Reading verifies everything: a head that does not parse, a chunk that is missing or longer than the head allows,
+lengths that disagree, a frame that does not decompress or bytes that do not hash to the digest make the blob a
+miss.  Reading is bounded by what the reader accepts (``max_bytes``, uncompressed): a head's stored length is
+checked before any chunk is read, every chunk is read at most to the length its head allows, and a frame is
+decompressed as a stream that stops at the bound (:class:`~precompile.errors.InputLimitError`).
 """
 
 from __future__ import annotations
@@ -16,12 +19,14 @@ from __future__ import annotations
 import hashlib
 import struct
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import zstandard
 
-from cache_backends.base import _MAX_RATIO, decompress_frame, digest_bytes
+from cache_backends.base import digest_bytes
+from cache_backends.bounded import STEP, frame_bound, inflate
+from precompile.errors import InputLimitError
 
 MAGIC = b"PCB1"
 HEAD_CHUNKED = struct.Struct("<IQ")
@@ -72,15 +77,42 @@ def parse_chunked(head: bytes | None) -> ChunkedHead | None:
     return ChunkedHead(count, total, head_kind(head) == CHUNKED_RAW)
 
 
-def decode_inline(digest: str, head: bytes) -> tuple[bytes | None, str]:
+def head_limit(max_bytes: int) -> int:
+    """Most bytes of a head worth reading for a blob of at most ``max_bytes`` bytes (a GETRANGE's length): an inline
+    head holds the magic, its kind byte and at most :func:`~cache_backends.bounded.frame_bound` bytes of payload; a
+    longer one is refused unread past this."""
+    return len(MAGIC) + 1 + frame_bound(max_bytes)
+
+
+def check_chunked(head: ChunkedHead, max_bytes: int) -> None:
+    """Refuse, before any chunk is read, a chunked head whose stored length cannot hold a blob of at most
+    ``max_bytes`` bytes.
+
+    Raises:
+        InputLimitError: the head states more stored bytes than such a blob is stored as.
+    """
+    if head.total > (max_bytes if head.raw else frame_bound(max_bytes)):
+        raise InputLimitError(f"its head states {head.total} stored bytes, more than a blob of at most {max_bytes} "
+                              "bytes is stored as")
+
+
+def decode_inline(digest: str, head: bytes, max_bytes: int) -> tuple[bytes | None, str]:
     """An inline blob's bytes, verified: ``(bytes, "")``, or ``(None, why)`` if it does not decompress or does
-    not hash to ``digest``."""
+    not hash to ``digest``.
+
+    Raises:
+        InputLimitError: it is (or decompresses to) more than ``max_bytes`` bytes; refused before it is allocated.
+    """
     payload = memoryview(head)[len(MAGIC) + 1:]
     if head_kind(head) == INLINE_RAW:
+        if len(payload) > max_bytes:
+            raise InputLimitError(f"it holds {len(payload)} bytes, more than the {max_bytes} accepted")
         data = bytes(payload)
     else:
         try:
-            data = decompress_frame(bytes(payload))
+            data = inflate(payload, max_bytes)
+        except InputLimitError:
+            raise
         except ValueError as err:
             return None, f"does not decompress ({err})"
     if digest_bytes(data) != digest:
@@ -88,60 +120,128 @@ def decode_inline(digest: str, head: bytes) -> tuple[bytes | None, str]:
     return data, ""
 
 
-def read_chunked(digest: str, head: ChunkedHead, chunk_bytes: int,
-                 fetch: Callable[[range], list[bytes | None]]) -> tuple[bytes | None, str]:
-    """A chunked blob's bytes, verified: ``(bytes, "")``, or ``(None, why)`` if a chunk is missing, the lengths
-    disagree, the frame does not decompress, or the bytes do not hash to ``digest``.
+def chunk_limit(head: ChunkedHead) -> int:
+    """Most bytes one chunk of ``head``'s blob can hold, whatever chunk size its writer used: a writer of chunks of
+    ``c`` bytes makes ``count = ceil(total / c)`` of them, so ``c < total / (count - 1)``.  A chunk longer than this
+    is a lie, read no further (a GETRANGE's length)."""
+    return head.total if head.count == 1 else -(-head.total // (head.count - 1))
 
-    ``fetch(indices)`` returns those chunks (None for a missing one) in one round trip.  Batches of about
-    :data:`PIPELINE_BYTES` (at most :data:`MAX_BATCH` chunks) are fetched by a helper thread one batch ahead,
-    while this thread decompresses and hashes (zstd and sha256 release the GIL), so a large blob costs about its
-    transfer time.  Batches are made as they are needed and the read stops at the first missing chunk or at
-    ``total`` bytes: a head that claims more chunks than exist costs one batch more, never memory.
+
+def read_chunked(digest: str, head: ChunkedHead, fetch: Callable[[range, int], list[bytes | None]],
+                 max_bytes: int) -> tuple[bytes | None, str]:
+    """A chunked blob's bytes, verified: ``(bytes, "")``, or ``(None, why)`` if a chunk is missing or longer than
+    the head allows, the lengths disagree, the frame does not decompress, or the bytes do not hash to ``digest``.
+
+    ``fetch(indices, limit)`` returns those chunks (None for a missing one), each cut at ``limit`` + 1 bytes, in one
+    round trip.  Batches of about :data:`PIPELINE_BYTES` (at most :data:`MAX_BATCH` chunks) are fetched by a helper
+    thread one batch ahead, while this thread decompresses and hashes (zstd and sha256 release the GIL), so a large
+    blob costs about its transfer time.  Batches are made as they are needed and the read stops at the first
+    missing or overlong chunk or at ``total`` bytes: a head that claims more chunks than exist costs one batch more,
+    never memory.  The frame is decompressed as a stream, :data:`~cache_backends.bounded.STEP` bytes at a time,
+    never past ``max_bytes`` bytes, whatever its header says.
 
     Raises:
+        InputLimitError: the head's length, or the frame's output, is over what a blob of ``max_bytes`` bytes takes
+            (:func:`check_chunked`); refused before that much is allocated.
         CacheError: ``fetch`` failed.
     """
-    count, total = head.count, head.total
-    per_batch = min(MAX_BATCH, max(1, PIPELINE_BYTES // chunk_bytes))
-    starts = range(0, count, per_batch)
+    check_chunked(head, max_bytes)
+    chunks = _Chunks(head, fetch)
     hasher = hashlib.sha256()
     parts: list[bytes] = []
-    stored = produced = 0
-    limit = total * _MAX_RATIO + (1 << 20)
-    dobj = None if head.raw else zstandard.ZstdDecompressor().decompressobj()
-    why = ""
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        ahead = pool.submit(fetch, range(0, min(count, per_batch)))
-        for n in range(len(starts)):
-            chunks = ahead.result()
-            if n + 1 < len(starts):
-                nxt = starts[n + 1]
-                ahead = pool.submit(fetch, range(nxt, min(count, nxt + per_batch)))
-            for chunk in chunks:
-                if chunk is None:
-                    why = "lacks a chunk (evicted or half written)"
-                    break
-                stored += len(chunk)
-                if stored > total:
-                    break
-                try:
-                    piece = chunk if dobj is None else dobj.decompress(chunk)
-                except zstandard.ZstdError as err:
-                    why = f"does not decompress ({err})"
+    produced = 0
+    try:
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            chunks.start(pool)
+            source = chunks if head.raw else zstandard.ZstdDecompressor().stream_reader(chunks, read_size=STEP,
+                                                                                        read_across_frames=False)
+            while True:
+                piece = source.read(STEP)
+                if not piece:
                     break
                 produced += len(piece)
-                if produced > limit:
-                    why = f"decompresses to more than {limit} bytes"
-                    break
+                if produced > max_bytes:
+                    raise InputLimitError(f"it decompresses to more than the {max_bytes} bytes accepted")
                 hasher.update(piece)
                 parts.append(piece)
-            if why or stored > total:
-                break
-    if not why and stored != total:
-        why = f"has {stored} bytes of chunks where its head says {total}"
-    if not why and dobj is not None and not dobj.eof:
-        why = "holds a truncated zstd frame"
+            chunks.drain()
+    except zstandard.ZstdError as err:
+        chunks.why = chunks.why or f"does not decompress ({err})"
+    why = chunks.why
+    if not why and chunks.stored != head.total:
+        why = f"has {chunks.stored} bytes of chunks where its head says {head.total}"
+    if not why and chunks.trailing:
+        why = "holds bytes after its zstd frame"  # (those zstd read ahead are not seen: the digest decides)
     if not why and hasher.hexdigest() != digest:
-        why = "does not match its digest"
+        why = "does not match its digest (or holds a truncated zstd frame)"
     return (None, why) if why else (b"".join(parts), "")
+
+
+class _Chunks:
+    """The chunks of one blob as a file (``read(n)``) for zstd's stream reader, fetched in batches one ahead.
+
+    Attributes:
+        stored: bytes of chunks fetched so far.
+        why: the first fault found (a missing or overlong chunk, more bytes than the head states), or "".
+        trailing: bytes were left unread when the frame ended (found by :meth:`drain`).
+    """
+
+    def __init__(self, head: ChunkedHead, fetch: Callable[[range, int], list[bytes | None]]):
+        self.count, self.total = head.count, head.total
+        self.limit = chunk_limit(head)
+        self.per_batch = min(MAX_BATCH, max(1, PIPELINE_BYTES // max(1, self.limit)))
+        self.fetch = fetch
+        self.stored = 0
+        self.why = ""
+        self.trailing = False
+        self._next = 0
+        self._ahead: Future[list[bytes | None]] | None = None
+        self._batch: list[bytes | None] = []
+        self._buf = memoryview(b"")
+
+    def start(self, pool: ThreadPoolExecutor) -> None:
+        self._pool = pool
+        self._ahead = self._submit()
+
+    def _submit(self) -> Future[list[bytes | None]] | None:
+        if self._next >= self.count:
+            return None
+        indices = range(self._next, min(self.count, self._next + self.per_batch))
+        self._next = indices.stop
+        return self._pool.submit(self.fetch, indices, self.limit)
+
+    def _pull(self) -> bool:
+        """Make the next chunk current; False at the end of the chunks or at the first fault."""
+        while not self._batch:
+            if self._ahead is None or self.why:
+                return False
+            self._batch = list(reversed(self._ahead.result()))
+            self._ahead = self._submit()
+        chunk = self._batch.pop()
+        if chunk is None:
+            self.why = "lacks a chunk (evicted or half written)"
+        elif len(chunk) > self.limit:
+            self.why = f"has a chunk longer than its head allows ({self.limit} bytes)"
+        elif self.stored + len(chunk) > self.total:
+            self.why = f"has more bytes of chunks than its head says ({self.total})"
+        if self.why:
+            self._batch.clear()
+            return False
+        self.stored += len(chunk)
+        self._buf = memoryview(chunk)
+        return True
+
+    def read(self, n: int = -1) -> bytes:
+        while not self._buf:
+            if not self._pull():
+                return b""
+        size = len(self._buf) if n is None or n < 0 else n
+        out, self._buf = self._buf[:size], self._buf[size:]
+        return bytes(out)
+
+    def drain(self) -> None:
+        """After the frame ended: read what is left, to count it (the lengths must agree) and see if any is left."""
+        self.trailing = bool(self._buf)
+        while self._pull():
+            self.trailing = True
+            self._buf = memoryview(b"")

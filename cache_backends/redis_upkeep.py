@@ -12,6 +12,8 @@ from typing import Any
 
 from cache_backends import redis_codec as codec
 from cache_backends.base import HEX64, StoredBlob, StoredRef, check_name
+from cache_backends.bounded import MAX_BLOB_BYTES
+from precompile.errors import InputLimitError
 
 
 class UpkeepMixin:
@@ -91,18 +93,24 @@ class UpkeepMixin:
             ValueError: ``digest`` is not 64 lowercase hex characters.
             CacheUnavailableError: Redis cannot be reached.
         """
+        limit = codec.head_limit(MAX_BLOB_BYTES)
         with self._talk(f"checking blob {check_name(digest)[:12]}"):
-            head = self.client.get(self._head_key(digest))
-        if head is None:
+            head = self.client.getrange(self._head_key(digest), 0, limit)
+        if not head:
             return None, "missing"
-        if codec.head_kind(head) in (codec.INLINE_ZSTD, codec.INLINE_RAW):
-            data, why = codec.decode_inline(digest, head)
-        else:
-            chunked = codec.parse_chunked(head)
-            if chunked is None:
-                return None, "garbled head"
-            data, why = codec.read_chunked(digest, chunked, self.chunk_bytes,
-                                           lambda indices: self._fetch_chunks(digest, indices, False))
+        try:
+            if len(head) > limit:
+                raise InputLimitError(f"its head is longer than {limit} bytes")
+            if codec.head_kind(head) in (codec.INLINE_ZSTD, codec.INLINE_RAW):
+                data, why = codec.decode_inline(digest, head, MAX_BLOB_BYTES)
+            else:
+                chunked = codec.parse_chunked(head)
+                if chunked is None:
+                    return None, "garbled head"
+                data, why = codec.read_chunked(digest, chunked, lambda indices, n: self._fetch_chunks(
+                    digest, indices, n, False), MAX_BLOB_BYTES)
+        except InputLimitError as err:
+            return None, f"larger than any blob ({err})"
         return (len(data), None) if data is not None else (None, why)
 
     def drop_blob(self, blob: StoredBlob) -> bool:

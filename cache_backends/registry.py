@@ -8,7 +8,6 @@ never creates a directory, and :func:`probe` checks that every tier answers befo
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
@@ -16,6 +15,7 @@ from collections.abc import Callable, Sequence
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from cache_backends.base import Cache
+from cache_backends.bounded import MAX_MANIFEST_BYTES, loads_json
 from precompile import config
 from precompile.errors import CacheError, CacheUnavailableError, CacheURLError, TrustConfigError
 
@@ -220,9 +220,10 @@ def refused_by_trust(cache: Cache, manifest: bytes) -> bool:
 
     Raises:
         TrustConfigError: a configured key cannot be read.
-        ValueError: a key is configured and ``manifest`` is not JSON.
+        ValueError: a key is configured and ``manifest`` is not JSON, or is over the manifest cap or the JSON depth
+            bound (``InputLimitError``).
     """
     from precompile.artifact import trust
 
     policy = trust.policy(cache)
-    return policy.required and not policy.check(json.loads(manifest)).ok
+    return policy.required and not policy.check(loads_json(manifest, MAX_MANIFEST_BYTES, "manifest")).ok

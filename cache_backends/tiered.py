@@ -22,12 +22,12 @@ Opened from a list of URLs, or one string with the URLs separated by ``|`` (firs
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-from cache_backends.base import HEX64, MISS, Cache, _Miss, digest_bytes
+from cache_backends.base import HEX64, MISS, Bounds, Cache, _Miss, blob_bound, digest_bytes
+from cache_backends.bounded import MAX_BLOB_BYTES, MAX_MANIFEST_BYTES, loads_json
 from precompile.errors import CacheError, CacheUnavailableError
 
 __all__ = ["TieredCache", "manifest_digests"]
@@ -41,16 +41,25 @@ def manifest_digests(manifest: bytes) -> list[str]:
     """The blobs an artifact's manifest names: the keys of its top-level ``"blobs"`` object (docs/format.md).
 
     Raises:
-        ValueError: ``manifest`` is not JSON with a ``"blobs"`` object of 64-hex names.
+        ValueError: ``manifest`` is not JSON with a ``"blobs"`` object of 64-hex names, or is longer than
+            :data:`~cache_backends.bounded.MAX_MANIFEST_BYTES` or deeper than the JSON bound (``InputLimitError``).
     """
-    try:
-        doc = json.loads(manifest)
-    except RecursionError as err:
-        raise ValueError(f"manifest nested too deep: {err}") from err
+    return list(manifest_sizes(manifest))
+
+
+def manifest_sizes(manifest: bytes) -> dict[str, int]:
+    """``{digest: size in bytes}`` of the blobs an artifact's manifest names (its ``"blobs"`` object); a size that
+    is not a non-negative integer is :data:`~cache_backends.bounded.MAX_BLOB_BYTES` (the format's bound).
+
+    Raises:
+        ValueError: as :func:`manifest_digests`.
+    """
+    doc = loads_json(manifest, MAX_MANIFEST_BYTES, "manifest")
     blobs = doc.get("blobs") if isinstance(doc, dict) else None
     if not isinstance(blobs, dict) or not all(isinstance(d, str) and HEX64.match(d) for d in blobs):
         raise ValueError("not an artifact manifest: no 'blobs' object of digests")
-    return list(blobs)
+    sizes = {d: info.get("size") if isinstance(info, dict) else None for d, info in blobs.items()}
+    return {d: n if type(n) is int and n >= 0 else MAX_BLOB_BYTES for d, n in sizes.items()}
 
 
 class TieredCache(Cache):
@@ -132,30 +141,34 @@ class TieredCache(Cache):
                 return
 
     # ------------------------------------------------------------------------------------------------ blobs
-    def get_blob(self, digest: str) -> bytes | _Miss:
-        """Local bytes, else the remote's (verified) backfilled locally, else :data:`MISS`.
+    def get_blob(self, digest: str, max_bytes: int | None = None) -> bytes | _Miss:
+        """Local bytes, else the remote's (verified) backfilled locally, else :data:`MISS`; bounded by ``max_bytes``
+        in both tiers (:meth:`Cache.get_blob`).
 
         Raises:
             ValueError: ``digest`` is malformed.
             CacheUnavailableError: the local tier cannot be read.
         """
-        return self.get_blobs([digest])[digest]
+        return self.get_blobs([digest], max_bytes)[digest]
 
-    def get_blobs(self, digests: list[str]) -> dict[str, bytes | _Miss]:
+    def get_blobs(self, digests: list[str], max_bytes: Bounds = None) -> dict[str, bytes | _Miss]:
         """Local first; the local misses in one remote ``get_blobs`` (pipelined for Redis), backfilled (except a
-        manifest whose signature did not check, see the module docstring).
+        manifest whose signature did not check, see the module docstring).  Both tiers bound each blob by
+        ``max_bytes`` (:meth:`Cache.get_blobs`).
 
         Raises:
             ValueError: a digest is malformed.
             CacheUnavailableError: the local tier cannot be read, or lacks some of the blobs and the remote failed.
         """
-        out = self.local.get_blobs(digests)
+        out = self.local.get_blobs(digests, max_bytes)
         for d in [d for d, v in out.items() if v is MISS and d in self._held]:
-            out[d] = self._held.pop(d)
+            held = self._held.pop(d)
+            if len(held) <= blob_bound(max_bytes, d):
+                out[d] = held
         missing = [d for d, v in out.items() if v is MISS]
         if missing:
-            got = self._remote(f"reading {len(missing)} blob(s)", lambda: self.remote.get_blobs(missing), {},
-                               needed=True)
+            got = self._remote(f"reading {len(missing)} blob(s)", lambda: self.remote.get_blobs(missing, max_bytes),
+                               {}, needed=True)
             found = {d: v for d, v in got.items() if v is not MISS}
             self._backfill(found)  # type: ignore[arg-type]
             out.update(found)
@@ -218,7 +231,7 @@ class TieredCache(Cache):
         """Copy a remote-only artifact (manifest, every blob it names, then the ref) into the local tier, if its
         manifest's signature checks under the verify keys configured (any, when none are)."""
         try:
-            got = self.remote.get_blobs([digest])
+            got = self.remote.get_blobs([digest], MAX_MANIFEST_BYTES)
         except CacheError as err:
             self._note_remote_error(f"reading manifest {digest[:12]}", err)
             return
@@ -226,7 +239,7 @@ class TieredCache(Cache):
         if manifest is MISS:
             return
         try:
-            names = manifest_digests(manifest)  # type: ignore[arg-type]
+            sizes = manifest_sizes(manifest)  # type: ignore[arg-type]
         except ValueError:
             return
         if self._refuses(self, manifest):  # type: ignore[arg-type]
@@ -236,9 +249,9 @@ class TieredCache(Cache):
             return  # the load that follows refuses it, counts and logs why
         self._backfill({digest: manifest})  # type: ignore[dict-item]
         try:
-            missing = [d for d, ok in self.local.has_blobs(names).items() if not ok]
+            missing = [d for d, ok in self.local.has_blobs(list(sizes)).items() if not ok]
             if missing:
-                got = self.get_blobs(missing)
+                got = self.get_blobs(missing, sizes)  # each part no larger than the manifest records
                 if any(v is MISS for v in got.values()):
                     return  # incomplete remotely: the load that follows finds out and drops the ref
             self.local.set_ref(key, digest)

@@ -11,19 +11,22 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from cache_backends.bounded import MAX_MANIFEST_BYTES, loads_json
 from precompile import config
 from precompile.errors import ArtifactFormatError
 
 
 def load_json(raw: bytes) -> Any:
-    """Parse manifest bytes as JSON (any JSON: :meth:`Manifest.from_dict` checks the shape).
+    """Parse manifest bytes as JSON (any JSON: :meth:`Manifest.from_dict` checks the shape), when they are at most
+    :data:`~cache_backends.bounded.MAX_MANIFEST_BYTES` long and :data:`~cache_backends.bounded.MAX_JSON_DEPTH` deep.
 
     Raises:
-        ArtifactFormatError: not UTF-8 JSON, or nested too deep to parse.
+        ArtifactFormatError: not UTF-8 JSON, or longer or deeper than those bounds (chained to the
+            :class:`~precompile.errors.InputLimitError`, checked before parsing).
     """
     try:
-        return json.loads(raw)
-    except (ValueError, UnicodeDecodeError, RecursionError) as err:
+        return loads_json(raw, MAX_MANIFEST_BYTES, "manifest")
+    except (ValueError, UnicodeDecodeError, RecursionError) as err:  # InputLimitError is a ValueError
         raise ArtifactFormatError(f"manifest is not valid JSON: {type(err).__name__}: {err}") from err
 
 

@@ -77,7 +77,7 @@ def read(cache: Cache, key: str) -> Stored | None:
             drop(cache, key,
                  f"its Dynamo part claims {manifest.blobs[part]['size']} bytes (at most {MAX_DYNAMO_BYTES})")
             return None
-        data = cache.get_blob(part)
+        data = cache.get_blob(part, int(manifest.blobs[part]["size"]))  # no larger than the manifest says
         # the backend verified the digest; checked again here because the next step unpickles
         if data is MISS or len(data) > MAX_DYNAMO_BYTES or digest_bytes(data) != part:
             drop(cache, key, "its Dynamo part is missing or corrupt")

@@ -29,7 +29,9 @@ from pathlib import Path
 from typing import IO, Any
 
 from cache_backends.base import HEX64, MISS, Cache, decompress_frame, digest_bytes
-from precompile.errors import ArtifactFormatError, ArtifactNotFoundError
+from cache_backends.bounded import MAX_BLOB_BYTES, MAX_MANIFEST_BYTES, frame_bound, loads_json, open_regular, read_exact
+from precompile.errors import ArtifactFormatError, ArtifactNotFoundError, InputLimitError
+from precompile.ops.bundle_json import digests_in, manifest_key, required_parts
 
 MAGIC = b"\x89PCBNDL\n"
 END = b"PCBNDEND"
@@ -38,46 +40,6 @@ VERSION = 1
 MAX_HEADER = 64 << 20
 
 _BLOB_HEAD = struct.Struct("<32sQ")
-
-
-def _digests_in(data: bytes) -> set[str]:
-    """Every 64-hex string in ``data`` when it is a JSON object (keys and values, at any depth), else none."""
-    if not data.lstrip()[:1] == b"{":
-        return set()
-    try:
-        doc = json.loads(data)
-    except (ValueError, UnicodeDecodeError):
-        return set()
-    found: set[str] = set()
-    stack: list[Any] = [doc]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, dict):
-            found.update(k for k in item if isinstance(k, str) and HEX64.match(k))
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-        elif isinstance(item, str) and HEX64.match(item):
-            found.add(item)
-    return found
-
-
-def _required(data: bytes) -> set[str]:
-    """The parts a manifest says it has (its ``blobs`` object): these must be in a bundle."""
-    try:
-        doc = json.loads(data)
-    except (ValueError, UnicodeDecodeError):
-        return set()
-    blobs = doc.get("blobs") if isinstance(doc, dict) else None
-    return {d for d in blobs if isinstance(d, str) and HEX64.match(d)} if isinstance(blobs, dict) else set()
-
-
-def _manifest_key(data: bytes) -> str | None:
-    try:
-        doc = json.loads(data)
-    except (ValueError, UnicodeDecodeError):
-        return None
-    return doc.get("key") if isinstance(doc, dict) and "schema" in doc and isinstance(doc.get("key"), str) else None
 
 
 def closure(cache: Cache, key: str) -> tuple[str, list[str]]:
@@ -94,23 +56,33 @@ def closure(cache: Cache, key: str) -> tuple[str, list[str]]:
     order: list[str] = []
     seen = {digest}
     todo = [digest]
+    bounds = {digest: MAX_MANIFEST_BYTES}  # a part no larger than the manifest that names it records
     while todo:
         d = todo.pop()
-        data = cache.get_blob(d)
+        data = cache.get_blob(d, bounds.get(d))
         if data is MISS:
-            raise ArtifactNotFoundError(f"artifact {key[:12]} in {cache.url} is incomplete: blob {d[:12]} is missing "
-                                        "or damaged (precompile verify --fix drops it)")
+            raise ArtifactNotFoundError(f"artifact {key[:12]} in {cache.url} is incomplete: blob {d[:12]} is missing, "
+                                        "damaged or larger than its manifest records (precompile verify --fix drops "
+                                        "it)")
         order.append(d)
-        if d == digest:
-            named = _manifest_key(data)  # type: ignore[arg-type]
-            if named is not None and named != key:
-                raise ArtifactNotFoundError(f"ref {key[:12]} in {cache.url} names the manifest of {named[:12]}")
-        required = _required(data)  # type: ignore[arg-type]
-        optional = sorted(_digests_in(data) - seen - required)  # type: ignore[arg-type]
+        json_like = d == digest or data.lstrip()[:1] == b"{"  # type: ignore[union-attr]
+        try:
+            named = manifest_key(data) if d == digest else None  # type: ignore[arg-type]
+            required = required_parts(data) if json_like else {}  # type: ignore[arg-type]
+        except InputLimitError as err:  # the manifest's: refused; another JSON part's: it names no parts
+            if d == digest:
+                raise ArtifactNotFoundError(f"artifact {key[:12]} in {cache.url} has an unusable manifest: "
+                                            f"{err}") from err
+            required = {}
+        if named is not None and named != key:
+            raise ArtifactNotFoundError(f"ref {key[:12]} in {cache.url} names the manifest of {named[:12]}")
+        optional = sorted(digests_in(data) - seen - set(required))  # type: ignore[arg-type]
         present = cache.has_blobs(optional) if optional else {}
-        for n in sorted(required - seen) + [o for o in optional if present.get(o)]:
+        for n in sorted(set(required) - seen) + [o for o in optional if present.get(o)]:
             seen.add(n)
             todo.append(n)
+            if n in required:
+                bounds[n] = required[n]
     return digest, order
 
 
@@ -181,7 +153,9 @@ def _version() -> str:
 
 
 def _blobs(f: IO[bytes], path: Path, count: int, end: int) -> Iterator[tuple[str, bytes]]:
-    """``(digest, bytes)`` of each blob, verified; the file is positioned after the header."""
+    """``(digest, bytes)`` of each blob, verified and bounded (a frame at most what a blob of
+    :data:`~cache_backends.bounded.MAX_BLOB_BYTES` is stored as, checked before it is read, and decompressed to at
+    most that); the file is positioned after the header."""
     for i in range(count):
         head = f.read(_BLOB_HEAD.size)
         if len(head) < _BLOB_HEAD.size or f.tell() > end:
@@ -191,7 +165,12 @@ def _blobs(f: IO[bytes], path: Path, count: int, end: int) -> Iterator[tuple[str
             raise ArtifactFormatError(f"bundle {path} is corrupt: blob {i} claims {length} bytes, past the end")
         digest = raw_digest.hex()
         try:
-            data = decompress_frame(f.read(length))
+            if length > frame_bound(MAX_BLOB_BYTES):
+                raise InputLimitError(f"its frame is {length} bytes, more than any blob is stored as")
+            data = decompress_frame(read_exact(f, length))
+        except InputLimitError as err:
+            raise ArtifactFormatError(f"bundle {path} is refused: blob {digest[:12]} is over its bound "
+                                      f"({err})") from err
         except ValueError as err:
             raise ArtifactFormatError(f"bundle {path} is corrupt: blob {digest[:12]} does not decompress "
                                       f"({err})") from err
@@ -204,13 +183,16 @@ def read_header(path: str | os.PathLike[str]) -> tuple[dict[str, Any], int]:
     """Check a bundle's framing and checksum; return its header and the offset of its first blob.
 
     Raises:
-        ArtifactFormatError: not a bundle, another version, truncated, a length past the end, or a checksum that
-            does not match (tampered or damaged).
+        ArtifactFormatError: not a bundle, another version, truncated, a length past the end, a checksum that
+            does not match (tampered or damaged), or a header over its bounds (:data:`MAX_HEADER` bytes, the JSON
+            depth bound: chained to the :class:`~precompile.errors.InputLimitError`).
         FileNotFoundError: no file at ``path``.
+        NotRegularFileError: ``path`` is a FIFO, a device, a directory or a socket (never read; opening never
+            blocks).
     """
     path = Path(path)
-    size = path.stat().st_size
-    with open(path, "rb") as f:
+    with open_regular(path, "bundle") as f:
+        size = os.fstat(f.fileno()).st_size
         if f.read(len(MAGIC)) != MAGIC:
             raise ArtifactFormatError(f"{path} is not a precompile bundle (it does not start with the bundle magic; "
                                       "write one with precompile export)")
@@ -224,7 +206,7 @@ def read_header(path: str | os.PathLike[str]) -> tuple[dict[str, Any], int]:
         if hlen > min(MAX_HEADER, body_end - f.tell()):
             raise ArtifactFormatError(f"bundle {path} is corrupt: its header claims {hlen} bytes")
         hasher = hashlib.sha256(MAGIC + struct.pack("<I", version) + struct.pack("<Q", hlen))
-        raw = f.read(hlen)
+        raw = read_exact(f, hlen)
         hasher.update(raw)
         first = f.tell()
         remaining = body_end - first
@@ -236,7 +218,7 @@ def read_header(path: str | os.PathLike[str]) -> tuple[dict[str, Any], int]:
             raise ArtifactFormatError(f"bundle {path} is corrupt: its checksum does not match its content (tampered "
                                       "with, damaged or cut short); nothing was imported")
     try:
-        header = json.loads(raw)
+        header = loads_json(raw, MAX_HEADER, "bundle header")  # nested too deep: InputLimitError, a ValueError
         count, refs = header["blobs"], header["refs"]
         well_formed = (isinstance(count, int) and 0 <= count <= (body_end - first) // _BLOB_HEAD.size
                        and isinstance(refs, list)
@@ -284,17 +266,19 @@ def check_bundle(path: str | os.PathLike[str], progress: Callable[[int, int], No
         progress: called ``(blobs checked, blobs)`` after each blob.
 
     Raises:
-        ArtifactFormatError: the bundle fails a check.
+        ArtifactFormatError: the bundle fails a check, or a blob or a manifest is over its bound (chained to the
+            :class:`~precompile.errors.InputLimitError`).
         FileNotFoundError: no file at ``path``.
+        NotRegularFileError: ``path`` is not a regular file.
     """
     path = Path(path)
     header, first = read_header(path)
     count = header["blobs"]
-    end = path.stat().st_size - len(END) - 32
     have: set[str] = set()
     targets = {r["digest"] for r in header["refs"]}
     docs: dict[str, bytes] = {}
-    with open(path, "rb") as f:
+    with open_regular(path, "bundle") as f:
+        end = os.fstat(f.fileno()).st_size - len(END) - 32
         f.seek(first)
         for digest, data in _blobs(f, path, count, end):
             have.add(digest)
@@ -306,10 +290,14 @@ def check_bundle(path: str | os.PathLike[str], progress: Callable[[int, int], No
         data = docs.get(ref["digest"])
         if data is None:
             raise ArtifactFormatError(f"bundle {path} lacks the manifest of {ref['key'][:12]}")
-        missing = _required(data) - have
+        try:
+            missing = set(required_parts(data)) - have
+            named = manifest_key(data)
+        except InputLimitError as err:
+            raise ArtifactFormatError(f"bundle {path} is refused: the manifest of {ref['key'][:12]} is over its "
+                                      f"bounds ({err})") from err
         if missing:
             raise ArtifactFormatError(f"bundle {path} lacks {len(missing)} part(s) of artifact {ref['key'][:12]}")
-        named = _manifest_key(data)
         if named is not None and named != ref["key"]:
             raise ArtifactFormatError(f"bundle {path} maps key {ref['key'][:12]} to the manifest of {named[:12]}")
     return CheckedBundle(path, header, first, end)
@@ -333,7 +321,7 @@ def import_bundle(bundle: CheckedBundle, cache: Cache,
     """
     path, header, count = bundle.path, bundle.header, bundle.header["blobs"]
     written = 0
-    with open(path, "rb") as f:
+    with open_regular(path, "bundle") as f:
         f.seek(bundle.first)
         for i, (digest, data) in enumerate(_blobs(f, path, count, bundle.end), 1):
             cache.put_blob(data, digest)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cache_backends.base import HEX64, MISS, Cache, StoredBlob, StoredRef
+from cache_backends.bounded import MAX_MANIFEST_BYTES
 
 #: Default seconds an unreferenced blob is kept (as :data:`cache_backends.local.DEFAULT_GRACE_S`).
 DEFAULT_GRACE_S = 60.0
@@ -85,7 +86,7 @@ def _keeps(cache: Cache, digest: str, memo: dict[str, frozenset[str]]) -> frozen
     from cache_backends.local import manifest_blob_digests
 
     if digest not in memo:
-        raw = cache.get_blob(digest)
+        raw = cache.get_blob(digest, MAX_MANIFEST_BYTES)  # a ref's target is a manifest
         names = {digest}
         if raw is not MISS:
             try:

@@ -19,7 +19,6 @@ whose ambient state cannot be restored here.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import time
 from collections.abc import Iterator
@@ -29,6 +28,7 @@ from typing import Any
 import torch
 
 from cache_backends.base import MISS, Cache, digest_bytes
+from cache_backends.bounded import MAX_MANIFEST_BYTES, loads_json
 from precompile import config
 from precompile.artifact.manifest import Manifest
 from precompile.errors import PrecompileError
@@ -172,7 +172,7 @@ def rebuild_one(cache: Cache, key: str, *, force: bool = False) -> Outcome:
         return Outcome(key, new_key, outcome, detail, time.perf_counter() - start)
 
     digest = cache.get_ref(key)
-    raw = cache.get_blob(digest) if digest is not MISS else MISS
+    raw = cache.get_blob(digest, MAX_MANIFEST_BYTES) if digest is not MISS else MISS
     if raw is MISS:
         return done("failed", "no intact manifest stored under this key")
     try:
@@ -192,10 +192,12 @@ def rebuild_one(cache: Cache, key: str, *, force: bool = False) -> Outcome:
         changed = [f for f, a, b in fingerprint.mismatches(factors["env"], env)]
         if not changed and not force:
             return done("current", "built for this environment")
-        graph_blob = cache.get_blob(manifest.parts["fx_graph"]["graph"])
+        graph_digest = manifest.parts["fx_graph"]["graph"]
+        graph_size = int(manifest.blobs[graph_digest]["size"])
+        graph_blob = cache.get_blob(graph_digest, graph_size)
         if graph_blob is MISS:
-            return done("failed", "its stored FX graph is missing or damaged")
-        graph_json = json.loads(graph_blob)  # type: ignore[arg-type]
+            return done("failed", "its stored FX graph is missing, damaged or larger than its manifest says")
+        graph_json = loads_json(graph_blob, graph_size, "stored FX graph")  # type: ignore[arg-type]
         if digest_bytes(canonical_json(canonical_graph(graph_json))) != factors.get("graph"):
             raise Refused("its stored FX graph does not hash to its graph factor")
         inputs = example_inputs(manifest)

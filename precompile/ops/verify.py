@@ -10,13 +10,13 @@ A tiered cache is verified tier by tier (:func:`tiers`).
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from cache_backends.base import HEX64, Cache, StoredBlob, StoredRef, digest_bytes
+from cache_backends.bounded import MAX_BLOB_BYTES, MAX_MANIFEST_BYTES, loads_json
 
 #: ``progress(done, total, what)`` after each blob or ref checked.
 Progress = Callable[[int, int, str], None]
@@ -130,7 +130,7 @@ def _check_ref(cache: Cache, ref: StoredRef, intact: dict[str, int], canonical_g
         return "garbled ref", f"holds {ref.digest[:40]!r}, not a digest"
     if ref.digest not in intact:
         return "bad manifest", f"its manifest blob {ref.digest[:12]} is missing or damaged"
-    raw = _read(cache, ref.digest)
+    raw = _read(cache, ref.digest, MAX_MANIFEST_BYTES)
     if raw is None:
         return "bad manifest", f"its manifest blob {ref.digest[:12]} is missing or damaged"
     try:
@@ -162,21 +162,23 @@ def _check_ref(cache: Cache, ref: StoredRef, intact: dict[str, int], canonical_g
     parts = getattr(manifest, "parts", None)  # a record has none
     graph = (parts.get("fx_graph") or {}).get("graph") if isinstance(parts, dict) else None
     if isinstance(graph, str):
-        data = _read(cache, graph)
+        size = int((manifest.blobs.get(graph) or {}).get("size", MAX_BLOB_BYTES))
+        data = _read(cache, graph, size)
         try:
-            ok = data is not None and digest_bytes(canonical_json(canonical_graph(json.loads(data)))) == \
-                manifest.factors.get("graph")
-        except (ValueError, KeyError, TypeError, AttributeError):
+            ok = data is not None and digest_bytes(canonical_json(canonical_graph(loads_json(data, size, "graph")))) \
+                == manifest.factors.get("graph")
+        except (ValueError, KeyError, TypeError, AttributeError):  # InputLimitError (too deep) is a ValueError
             ok = False
         if not ok:
             return "bad graph", "the stored FX graph does not hash to the key's graph factor"
     return None
 
 
-def _read(cache: Cache, digest: str) -> bytes | None:
+def _read(cache: Cache, digest: str, max_bytes: int) -> bytes | None:
+    """Blob ``digest``, at most ``max_bytes`` bytes of it, or None (missing, damaged or larger)."""
     from cache_backends.base import MISS
 
-    got = cache.get_blob(digest)
+    got = cache.get_blob(digest, max_bytes)
     return None if got is MISS else got  # type: ignore[return-value]
 
 

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 
 from cache_backends.base import MISS, Cache
+from cache_backends.bounded import MAX_MANIFEST_BYTES
 from precompile import config, metrics
 from precompile.artifact.manifest import Manifest, ManifestJSON, load_json
 from precompile.errors import ArtifactFormatError, ArtifactNotFoundError, CacheError, UnsafePathError
@@ -27,11 +28,13 @@ def load_from_cache(key: str, cache: str | Cache | None, *, bound: dict[int, tor
                     check_env: bool = True) -> Artifact | None:
     """The artifact stored under ``key``, or None on a miss.
 
-    Reads the ref and the manifest, checks the manifest's signature when verify keys are configured
+    Reads the ref and the manifest (at most :data:`~cache_backends.bounded.MAX_MANIFEST_BYTES`), checks the manifest's
+    signature when verify keys are configured
     (:func:`precompile.artifact.trust.policy`: an unsigned or badly signed entry is a miss, logged and counted under
     ``untrusted`` and ``untrusted_<reason>``, its ref left alone), then its structure and every name in it
     (:mod:`precompile.artifact.names`), then reads the blobs a load needs (engine payload, binaries), all verified by
-    the backend, and checks that the other parts exist (they are read, and verified, when used).  Nothing read is run
+    the backend and none larger than the manifest records, and checks that the other parts exist (they are read,
+    verified and bounded the same way, when used).  Nothing read is run
     here.  A ref whose manifest or blobs are verified missing or corrupt is a miss: the ref is dropped so the next
     build replaces it.  Cache failures (a server down or stalled) are misses too, logged once, counted under
     ``errors``, and never drop anything.
@@ -63,7 +66,8 @@ def load_from_cache(key: str, cache: str | Cache | None, *, bound: dict[int, tor
         # the replay, where asked for, runs while the blobs are read and checked (never for the graph engine)
         primer = None if config.require_no_host_code() else start_primer(manifest)
         needed = manifest.load_digests()
-        got = c.get_blobs(needed)
+        sizes = part_bounds(manifest)
+        got = c.get_blobs(needed, sizes)  # a part larger than its manifest records is refused unread: a miss
         lost = [d for d, v in got.items() if v is MISS]
         # parts a load does not read (sources, graph, wrappers) are read lazily; they must at least exist, or an
         # entry whose part was found corrupt (and dropped) on a lazy read would be served forever, never whole
@@ -86,7 +90,7 @@ def load_from_cache(key: str, cache: str | Cache | None, *, bound: dict[int, tor
 
     def reader(digests: list[str]) -> dict[str, bytes]:
         try:
-            found = c.get_blobs(digests)
+            found = c.get_blobs(digests, sizes)
         except CacheError as err:  # the part is then "not available": ArtifactNotFoundError from Artifact.blob
             log.warning("could not read %d part(s) of artifact %s from %s: %s", len(digests), key[:12], c.url, err)
             return {}
@@ -101,15 +105,24 @@ def load_from_cache(key: str, cache: str | Cache | None, *, bound: dict[int, tor
         return None
 
 
-def read_manifest_doc(cache: Cache, key: str, policy: Any, what: str, *, max_bytes: int | None = None) -> Any:
+def part_bounds(manifest: Any) -> dict[str, int]:
+    """``{digest: bytes}``: the size a (structurally checked) manifest records for each of its parts, the most a
+    read of that part accepts (:meth:`cache_backends.base.Cache.get_blobs`)."""
+    return {d: int(info["size"]) for d, info in manifest.blobs.items()}
+
+
+def read_manifest_doc(cache: Cache, key: str, policy: Any, what: str, *, max_bytes: int = MAX_MANIFEST_BYTES) -> Any:
     """The parsed manifest (any JSON) stored under ``key`` whose signature ``policy`` accepts, or None on a miss:
-    no ref (counted ``absent``), a manifest blob missing, corrupt or over ``max_bytes`` bytes (the ref dropped,
-    :func:`drop_ref`), or a signature the policy refuses (counted ``untrusted``, the ref left alone).  The first
-    steps of every read of a cache entry (graph artifact, whole function, record); the caller checks the
+    no ref (counted ``absent``), a manifest blob missing, corrupt or over ``max_bytes`` bytes (default
+    :data:`~cache_backends.bounded.MAX_MANIFEST_BYTES`: refused by the backend before it is allocated, counted
+    ``over_limit``; the ref dropped, :func:`drop_ref`), or a signature the policy refuses (counted ``untrusted``,
+    the ref left alone).  The JSON is parsed with a depth bound (:func:`~precompile.artifact.manifest.load_json`).
+    The first steps of every read of a cache entry (graph artifact, whole function, record); the caller checks the
     structure next.  ``what`` names the entry in messages (``"cache entry"``, ``"record"``...).
 
     Raises:
-        ArtifactFormatError: the manifest blob is not JSON (the caller drops the ref).
+        ArtifactFormatError: the manifest blob is not JSON, or nested deeper than the JSON bound (the caller drops
+            the ref).
         CacheError: the cache failed (the caller counts a miss and drops nothing).
     """
     from precompile.artifact import trust
@@ -118,12 +131,9 @@ def read_manifest_doc(cache: Cache, key: str, policy: Any, what: str, *, max_byt
     if digest is MISS:
         metrics.note_miss("absent")
         return None
-    raw = cache.get_blob(digest)
+    raw = cache.get_blob(digest, max_bytes)
     if raw is MISS:
-        drop_ref(cache, key, "its manifest blob is missing or corrupt", what)
-        return None
-    if max_bytes is not None and len(raw) > max_bytes:
-        drop_ref(cache, key, f"its manifest blob is {len(raw)} bytes, over {max_bytes}", what)
+        drop_ref(cache, key, f"its manifest blob is missing, corrupt or over {max_bytes} bytes", what)
         return None
     doc = load_json(raw)
     verdict = policy.check(doc)

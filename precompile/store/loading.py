@@ -16,6 +16,7 @@ import torch
 
 from cache_backends.base import Cache
 from precompile import metrics
+from precompile.artifact.manifest import Manifest
 from precompile.errors import ArtifactFormatError, ArtifactNotFoundError
 from precompile.key.fingerprint import check_environment
 from precompile.loader.artifact import Artifact
@@ -42,7 +43,11 @@ def load(path_or_key: str | os.PathLike[str], *, cache: str | Cache | None = Non
             key starts with the prefix (or the cache cannot be listed to find it).
         AmbiguousKeyError: several keys start with the prefix (the message lists them).
         CacheURLError: ``cache`` is not a valid cache URL.
-        ArtifactFormatError: the file is not a precompile artifact, is truncated, or a part fails its digest.
+        ArtifactFormatError: the file is not a precompile artifact, is truncated, or a part fails its digest; or
+            its manifest or a part is larger than its bound (:mod:`cache_backends.bounded`: the manifest cap, the
+            size the manifest records), then chained to an :class:`~precompile.errors.InputLimitError`.
+        NotRegularFileError: the path, or a file of an unpacked directory, is a FIFO, a device or a socket: refused
+            without reading it (opening never blocks).
         UnsafePathError: (an ArtifactFormatError) a name in the manifest or ``index.json`` would be an unsafe path.
         UntrustedArtifactError: verify keys are configured and the file's manifest is not signed by one of them.
         EnvironmentMismatchError: the artifact was built for another torch/CPU ISA/GPU.
@@ -83,20 +88,18 @@ def _load_path(p: Path) -> Artifact:
     from precompile.artifact import formats, trust
     from precompile.errors import UntrustedArtifactError
 
-    if p.is_dir():
-        manifest, blobs = formats.read_unpacked(p)
-    else:
-        manifest, blobs = formats.read_binary(p)
-    verdict = trust.policy().check(manifest.to_dict())
-    if not verdict.ok:
-        trust.note_refused(verdict, f"artifact {p}")
-        raise UntrustedArtifactError(f"artifact {p} is refused: {verdict.detail}; nothing of it was run. Load "
-                                     "artifacts signed by a key in PRECOMPILE_VERIFY_KEYS", verdict.status,
-                                     verdict.key_id)
+    def refuse_untrusted(manifest: Manifest) -> None:  # before any part of the file is read
+        verdict = trust.policy().check(manifest.to_dict())
+        if not verdict.ok:
+            trust.note_refused(verdict, f"artifact {p}")
+            raise UntrustedArtifactError(f"artifact {p} is refused: {verdict.detail}; nothing of it was run. Load "
+                                         "artifacts signed by a key in PRECOMPILE_VERIFY_KEYS", verdict.status,
+                                         verdict.key_id)
+
+    read = formats.read_unpacked if p.is_dir() else formats.read_binary
+    manifest, blobs = read(p, refuse_untrusted)
     check_environment(manifest)
     try:
         return Artifact(manifest, blobs, source=str(p))
     except ArtifactFormatError as err:
         raise ArtifactFormatError(f"artifact {p} has a manifest that does not load: {err}") from err
-
-

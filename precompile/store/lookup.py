@@ -6,7 +6,6 @@ The command line and :func:`precompile.load` accept the same things: a 64-hex ke
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Callable
@@ -15,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from cache_backends.base import MISS, Cache
+from cache_backends.bounded import MAX_BLOB_BYTES, MAX_MANIFEST_BYTES, loads_json
 from precompile.errors import AmbiguousKeyError, ArtifactNotFoundError
 
 #: Fewest hex characters a key prefix must have.
@@ -85,18 +85,27 @@ def stored_manifest(cache: Cache, key: str) -> dict[str, Any]:
         CacheUnavailableError: the cache cannot be read.
     """
     digest = cache.get_ref(key)
-    raw = cache.get_blob(digest) if digest is not MISS else MISS
+    raw = cache.get_blob(digest, MAX_MANIFEST_BYTES) if digest is not MISS else MISS
     if raw is MISS:
         if digest is MISS:
             raise ArtifactNotFoundError(f"no artifact {key} in {cache.url}")
-        raise ArtifactNotFoundError(f"the manifest of artifact {key} is missing or corrupt in {cache.url}")
+        raise ArtifactNotFoundError(f"the manifest of artifact {key} is missing, corrupt or over {MAX_MANIFEST_BYTES} "
+                                    f"bytes in {cache.url}")
     try:
-        doc = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as err:
+        doc = loads_json(raw, MAX_MANIFEST_BYTES, "manifest")
+    except (ValueError, UnicodeDecodeError) as err:  # InputLimitError (too deep) is a ValueError
         raise ArtifactNotFoundError(f"the manifest of {key} in {cache.url} is not JSON: {err}") from err
     if not isinstance(doc, dict):
         raise ArtifactNotFoundError(f"the manifest of {key} in {cache.url} is not a JSON object")
     return doc
+
+
+def recorded_size(manifest: dict[str, Any], digest: str) -> int:
+    """The size in bytes a parsed (not yet checked) manifest records for part ``digest``: the most a read of it
+    accepts; :data:`~cache_backends.bounded.MAX_BLOB_BYTES` where it records none."""
+    info = manifest.get("blobs", {}).get(digest) if isinstance(manifest.get("blobs"), dict) else None
+    size = info.get("size") if isinstance(info, dict) else None
+    return size if type(size) is int and 0 <= size <= MAX_BLOB_BYTES else MAX_BLOB_BYTES
 
 
 def from_cache(cache: Cache, text: str) -> Source:
@@ -109,7 +118,7 @@ def from_cache(cache: Cache, text: str) -> Source:
     manifest = stored_manifest(cache, key)
 
     def read(digest: str) -> bytes | None:
-        got = cache.get_blob(digest)
+        got = cache.get_blob(digest, recorded_size(manifest, digest))
         return None if got is MISS else got  # type: ignore[return-value]
 
     return Source(key, manifest, f"{cache.url} ref {key}", read)
@@ -120,13 +129,15 @@ def from_path(path: str | os.PathLike[str]) -> Source | None:
 
     Raises:
         ArtifactFormatError: something is there but it is not an intact artifact.
+        NotRegularFileError: it is a FIFO, a device or a socket (nothing is read from it).
+        InputLimitError: its manifest or a part is larger than the format or the manifest allows.
     """
     from precompile.artifact import formats
 
     p = Path(path)
     if p.is_dir():
         manifest, blobs = formats.read_unpacked(p)
-    elif p.is_file():
+    elif os.path.exists(p):  # a FIFO, a device: read_binary refuses it unread (NotRegularFileError)
         manifest, blobs = formats.read_binary(p)
     else:
         return None
@@ -158,15 +169,15 @@ def stored_manifests(cache: Cache) -> list[tuple[str, dict[str, Any] | None]]:
         CacheUnavailableError: the cache cannot be listed or read.
     """
     refs = sorted(cache.iter_refs())
-    blobs = cache.get_blobs(list(dict.fromkeys(d for _, d in refs)))
+    blobs = cache.get_blobs(list(dict.fromkeys(d for _, d in refs)), MAX_MANIFEST_BYTES)
     out: list[tuple[str, dict[str, Any] | None]] = []
     for key, digest in refs:
         raw = blobs.get(digest, MISS)
         doc = None
         if raw is not MISS:
             try:
-                doc = json.loads(raw)  # type: ignore[arg-type]
-            except (ValueError, UnicodeDecodeError):
+                doc = loads_json(raw, MAX_MANIFEST_BYTES, "manifest")  # type: ignore[arg-type]
+            except (ValueError, UnicodeDecodeError):  # InputLimitError (too deep) is a ValueError
                 doc = None
         out.append((key, doc if isinstance(doc, dict) else None))
     return out

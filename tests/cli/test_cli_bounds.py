@@ -1,0 +1,66 @@
+"""The command line on input that cannot be read within bounds (issue 30, finding 3 and the bundle of finding 4):
+``precompile import`` of a FIFO or of a bundle whose header is JSON nested 200,000 deep, ``inspect`` of a FIFO or a
+device, ``ls`` and ``verify`` of a cache whose ref and manifest are FIFOs.  Each ends within 10 s (the process is
+killed past its deadline) with exit status 1 and one line on stderr, or lists the cache; never a traceback.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+import time
+
+from _cli import cli, cli_json, error_line
+from _local import KEY, KEY2, blob_file
+from _probe import DEADLINE_S
+
+from cache_backends.local import LocalCache
+from precompile.ops.bundle import END, MAGIC, VERSION
+
+
+def timed_cli(*args: str):
+    start = time.monotonic()
+    proc = cli(*args, check=False, timeout=60)
+    assert time.monotonic() - start < DEADLINE_S, f"precompile {' '.join(args)} took too long"
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return proc
+
+
+def test_import_of_a_fifo_or_a_deeply_nested_header_is_one_error_line(tmp_path):
+    os.mkfifo(tmp_path / "fifo.pcb")
+    proc = timed_cli("import", str(tmp_path / "fifo.pcb"), "--cache", str(tmp_path / "dest"))
+    assert proc.returncode == 1 and "not a regular file" in error_line(proc)
+    header = b"[" * 200_000 + b"]" * 200_000
+    body = MAGIC + struct.pack("<I", VERSION) + struct.pack("<Q", len(header)) + header
+    (tmp_path / "deep.pcb").write_bytes(body + END + hashlib.sha256(body).digest())
+    proc = timed_cli("import", str(tmp_path / "deep.pcb"), "--cache", str(tmp_path / "dest"))
+    assert proc.returncode == 1 and "malformed header" in error_line(proc) and "deeper" in error_line(proc)
+    assert not (tmp_path / "dest").exists()
+
+
+def test_inspect_of_a_fifo_or_a_device_is_one_error_line(tmp_path):
+    os.mkfifo(tmp_path / "a.pc")
+    for path in (str(tmp_path / "a.pc"), "/dev/zero"):
+        proc = timed_cli("inspect", path, "--cache", str(tmp_path / "c"))
+        assert proc.returncode == 1 and "not a regular file" in error_line(proc)
+
+
+def test_ls_and_verify_of_a_cache_with_fifo_entries_list_the_rest(artifacts, cache_copy):
+    key = artifacts("dynamo").art.key
+    cache = LocalCache(cache_copy())
+    os.mkfifo(cache.root / "ref" / KEY)
+    other = cache.put_blob(b'{"schema": 3}')
+    cache.set_ref(KEY2, other)
+    blob_file(cache, other).unlink()
+    os.mkfifo(blob_file(cache, other))
+    url = "file://" + str(cache.root)
+    start = time.monotonic()
+    listed = cli_json("ls", "--cache", url, timeout=60)
+    assert not os.path.lexists(blob_file(cache, other))  # read as a manifest: not a regular file, dropped
+    proc = cli("verify", "--cache", url, "--json", check=False, timeout=60)
+    assert time.monotonic() - start < 2 * DEADLINE_S
+    assert key in json.dumps(listed) and proc.returncode == 1, proc.stderr
+    kinds = {(p["kind"], p["name"]) for p in json.loads(proc.stdout.splitlines()[-1])["tiers"][0]["problems"]}
+    assert kinds == {("garbled ref", KEY), ("bad manifest", KEY2)}
