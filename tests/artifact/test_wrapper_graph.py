@@ -98,13 +98,18 @@ def _node(data, target):
 DAMAGES = {
     "a function outside the allow-list": (
         lambda d: _node(d, {"fn": "torch:empty_strided"}).update(target={"fn": "os:system"}), "allow-list"),
-    "a denied ATen op": (
+    "an ATen op that reads a file": (
         lambda d: _node(d, {"op": "aten::addmm.out"}).update(target={"op": "aten::from_file.default"}), "allow-list"),
+    "an ATen view without a bounds check": (
+        lambda d: _node(d, {"op": "aten::addmm.out"}).update(target={"op": "aten::_reshape_alias.default"}),
+        "allow-list"),
+    "a prims op": (
+        lambda d: _node(d, {"op": "aten::addmm.out"}).update(target={"op": "prims::view_of.default"}), "allow-list"),
     "another operator namespace": (
         lambda d: _node(d, {"op": "aten::addmm.out"}).update(target={"op": "mylib::evil.default"}), "allow-list"),
     "an operator this torch lacks": (
         lambda d: _node(d, {"op": "aten::addmm.out"}).update(target={"op": "aten::no_such_op.default"}),
-        "does not exist"),
+        "allow-list"),
     "a module call": (lambda d: d["nodes"][4].update(op="call_module"), "not allowed"),
     "a reference to a later node": (lambda d: d["nodes"][4]["args"].__setitem__(0, {"$node": 9}), "only earlier"),
     "a name that is not an identifier": (lambda d: d["nodes"][3].update(name="x; import os"), "not an identifier"),
