@@ -56,20 +56,27 @@ def extent(size: Any, stride: Any, offset: Any) -> int:
         WrapperGraphError: a value that is not an int, negative, 2**63 or more, or sizes and strides of different
             lengths or more than :data:`MAX_DIMS` dimensions.
     """
-    if not isinstance(size, (list, tuple)) or not isinstance(stride, (list, tuple)) or len(size) != len(stride) \
-            or len(size) > MAX_DIMS:
+    if not isinstance(size, (list, tuple)) or not isinstance(stride, (list, tuple)):
+        raise WrapperGraphError("sizes and strides must be lists")
+    if len(size) != len(stride) or len(size) > MAX_DIMS:
         raise WrapperGraphError(f"sizes and strides of a view or allocation: {len(size)} and {len(stride)} "
-                                f"dimensions (at most {MAX_DIMS}, equal)" if isinstance(size, (list, tuple))
-                                and isinstance(stride, (list, tuple)) else "sizes and strides must be lists")
+                                f"dimensions (at most {MAX_DIMS}, equal)")
     for v in (*size, *stride, offset):
         if type(v) is not int or not 0 <= v < LIMIT:
-            raise WrapperGraphError(f"a size, stride or offset of {str(v)[:30]} (a non-negative int below 2**63)")
+            raise WrapperGraphError(f"a size, stride or offset of {_short(v)} (a non-negative int below 2**63)")
     if 0 in size:
         return offset
     end = offset + 1 + sum((s - 1) * st for s, st in zip(size, stride))
     if end >= LIMIT:
         raise WrapperGraphError(f"a view or allocation reaching element {end}, past int64")
     return end
+
+
+def _short(value: Any) -> str:
+    """``value`` for a message: an int of more than 64 bits by its size (``str`` of a huge int is slow, or raises)."""
+    if isinstance(value, int) and value.bit_length() > 64:
+        return f"a {value.bit_length()}-bit int"
+    return str(value)[:30]
 
 
 def checked_view(base: Any, size: Any, stride: Any, offset: Any, need: int | None = None) -> torch.Tensor:
@@ -114,7 +121,7 @@ def checked_int(fn: Any) -> Any:
     def call(*args: Any) -> Any:
         out = fn(*args)
         if type(out) not in (int, bool) or not -LIMIT <= out < LIMIT:
-            raise WrapperGraphError(f"size arithmetic gave {type(out).__name__} {str(out)[:30]}, not an int64")
+            raise WrapperGraphError(f"size arithmetic gave {type(out).__name__} {_short(out)}, not an int64")
         return out
 
     return call
@@ -158,7 +165,7 @@ def _ints(arg: Any, values: list[Value]) -> list[Any] | None:
         if j is not None and values[j].kind not in _INTS:
             raise WrapperGraphError(f"a size of node {j}, a {values[j].kind}")
         if j is None and type(v) is not int:
-            raise WrapperGraphError(f"a size or stride of {str(v)[:30]}")
+            raise WrapperGraphError(f"a size or stride of {_short(v)}")
         out.append(None if j is not None else v)
     return out
 
@@ -233,7 +240,7 @@ def _empty(args: list[Any], kwargs: dict[str, Any], values: list[Value], checks:
             raise WrapperGraphError(f"an allocation of {len(size)} sizes and {len(stride)} strides")
         checks[i] = ("empty",)
         return Value("tensor")
-    itemsize = torch.empty((), dtype=_dtype(dtype)).element_size()
+    itemsize = _dtype(dtype).itemsize
     nbytes = extent(size, stride, 0) * itemsize
     if nbytes >= LIMIT:
         raise WrapperGraphError(f"an allocation of {nbytes} bytes, past int64")
