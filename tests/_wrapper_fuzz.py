@@ -25,8 +25,9 @@ from precompile.artifact import wrapper_ops
 from precompile.artifact.wrapper_codegen import build
 from precompile.artifact.wrapper_ops import WrapperGraphError
 
-#: The guard's float32 bit pattern (a quiet NaN with a payload no ATen op makes).
-CANARY = 0x7FC0DEAD
+#: The guards' float32 bit patterns: quiet NaNs with payloads no ATen op makes, one per arena (so that memory an
+#: earlier graph's arena left behind, which a fresh allocation may show, never holds the current one).
+CANARY = 0x7FC00000
 GUARD = 64  # elements of guard on each side of an input's storage
 #: Operators outside the allow-list a hostile graph names (views without checks, storage changes, files, indexing).
 HOSTILE_OPS = ["aten::_reshape_alias.default", "aten::set_.source_Tensor", "aten::set_.source_Storage",
@@ -44,14 +45,18 @@ class Arena:
     with :data:`GUARD` canary elements on either side (CPU: a numpy buffer; CUDA: a CUDA tensor, wrapped through
     ``__cuda_array_interface__``), so that a read or write past a storage meets the canary."""
 
+    made = 0
+
     def __init__(self, numels: list[int], device: str):
         """``numels``: each input's elements; 0 stands for an int input (3), not a tensor."""
+        Arena.made += 1
+        self.canary = CANARY | (Arena.made % 0x3FFFFF + 1)
         self.spans, at = [], GUARD
         for n in numels:
             self.spans.append((at, at + n))
             at += n + GUARD
         self.device = device
-        self.buffer = torch.full((at,), CANARY, dtype=torch.int32, device=device)
+        self.buffer = torch.full((at,), self.canary, dtype=torch.int32, device=device)
         self.inputs = []
         for a, b in self.spans:  # small float values, in the guard's buffer
             if a == b:
@@ -71,7 +76,7 @@ class Arena:
         mask = torch.ones_like(self.buffer, dtype=torch.bool)
         for a, b in self.spans:
             mask[a:b] = False
-        return bool((self.buffer[mask] == CANARY).all())
+        return bool((self.buffer[mask] == self.canary).all())
 
 
 class _CudaSpan:
@@ -84,9 +89,9 @@ class _CudaSpan:
                                          "version": 2, "strides": None}
 
 
-def violations(outputs: Any) -> list[str]:
+def violations(outputs: Any, arena: Arena) -> list[str]:
     """What is wrong with a graph's outputs: a tensor reaching past its storage, or a float32 one holding the
-    guard's pattern."""
+    ``arena``'s guard pattern."""
     found = []
     for t in _leaves(outputs):
         if not isinstance(t, torch.Tensor) or t.layout != torch.strided:
@@ -96,7 +101,7 @@ def violations(outputs: Any) -> list[str]:
         if any(st < 0 for st in t.stride()) or reach * t.element_size() > t.untyped_storage().nbytes():
             found.append(f"a tensor {tuple(t.shape)}/{t.stride()}+{t.storage_offset()} reaches past its storage of "
                          f"{t.untyped_storage().nbytes()} bytes")
-        elif t.dtype == torch.float32 and t.numel() and bool((t.view(torch.int32) == CANARY).any()):
+        elif t.dtype == torch.float32 and t.numel() and bool((t.view(torch.int32) == arena.canary).any()):
             found.append(f"a tensor {tuple(t.shape)} holds the guard's pattern: a read past a storage")
     return found
 
@@ -263,7 +268,7 @@ def run_one(data: dict[str, Any], numels: list[int], device: str, tally: dict[st
         tally["ran"] += 1
     if device != "cpu":
         torch.cuda.synchronize()
-    bad = violations(out) + launcher.bad + ([] if arena.guards_intact() else ["a guard region changed"])
+    bad = violations(out, arena) + launcher.bad + ([] if arena.guards_intact() else ["a guard region changed"])
     assert not bad, f"{bad}\n{json.dumps(data)}"
 
 

@@ -32,8 +32,8 @@ def test_the_fuzz_sees_a_read_and_a_write_past_a_storage():
     arena = Arena([4, 4], "cpu")
     x = arena.inputs[0]
     alias = torch.ops.aten._reshape_alias.default(x, [8], [1])  # reaches into the guard after x's storage
-    assert violations([x * 2]) == [] and arena.guards_intact()
-    assert "reaches past its storage" in violations([alias])[0]
-    assert "guard's pattern" in violations([alias.clone()])[0]
+    assert violations([x * 2], arena) == [] and arena.guards_intact()
+    assert "reaches past its storage" in violations([alias], arena)[0]
+    assert "guard's pattern" in violations([alias.clone()], arena)[0]
     alias.fill_(0.0)
     assert not arena.guards_intact()
