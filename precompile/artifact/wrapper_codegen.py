@@ -1,5 +1,7 @@
 """A checked wrapper graph (:mod:`precompile.artifact.wrapper_graph`) turned into its callable: Python generated here,
-from the checked data, as FX's own code generation would write it; nothing of the stored text is executed."""
+from the checked data, as FX's own code generation would write it; nothing of the stored text is executed.  Views,
+allocations and size arithmetic whose bounds the graph does not fix are checked once per call
+(:mod:`precompile.artifact.wrapper_bounds`)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from typing import Any
 
 import torch
 
+from precompile.artifact import wrapper_bounds as bounds
 from precompile.artifact.graph_json import decode_arg
 from precompile.artifact.wrapper_graph import WrapperGraphError, _target, check
 
@@ -18,7 +21,10 @@ def build(data: Any, launch: Callable[..., Any] | None = None) -> Callable[..., 
     The function is generated here, from the checked data, as FX's own code generation would write it: one
     line per node calling its allowed target (bound by position, never by a stored name), constants bound as
     values, and each intermediate released after its last use, so buffers are freed as early as in Inductor's
-    Python wrapper.  Nothing of the stored text is executed.
+    Python wrapper.  Nothing of the stored text is executed.  A view, allocation or size computation that
+    :func:`check` could not prove in bounds calls its checked form (:mod:`precompile.artifact.wrapper_bounds`),
+    and a placeholder a kernel takes as a pointer is checked to be a tensor, once per call; those checks raise
+    :class:`WrapperGraphError` from the call.
 
     Args:
         launch: what a ``triton_kernel_wrapper_mutation`` node calls, with that node's keyword arguments
@@ -27,7 +33,7 @@ def build(data: Any, launch: Callable[..., Any] | None = None) -> Callable[..., 
     Raises:
         WrapperGraphError: :func:`check` refused the data, or it launches Triton kernels and ``launch`` is None.
     """
-    check(data)
+    values, checks = check(data)
     nodes = data["nodes"]
     scope: dict[str, Any] = {"__builtins__": {}}
     last_use: dict[int, int] = {}
@@ -38,7 +44,8 @@ def build(data: Any, launch: Callable[..., Any] | None = None) -> Callable[..., 
     for j, last in last_use.items():
         if nodes[j]["op"] != "placeholder":
             released.setdefault(last, []).append(j)
-    params, body, streams = [], [], {}
+    params, body, streams, pointers = [], [], {}, set()
+    placeholders = {i for i, spec in enumerate(nodes) if spec["op"] == "placeholder"}
     for i, spec in enumerate(nodes):
         if spec["op"] == "placeholder":
             params.append(f"v{i}")
@@ -51,9 +58,12 @@ def build(data: Any, launch: Callable[..., Any] | None = None) -> Callable[..., 
         if target is None:  # a Triton launch
             if launch is None:
                 raise WrapperGraphError(f"node {i} ({spec['name']}) launches a Triton kernel and no launcher was given")
-            target, bound = launch, _bind(spec, launch, scope, streams, f"node {i} ({spec['name']})")
+            target, bound = launch, _bind(spec, launch, scope, streams, f"node {i} ({spec['name']})", values,
+                                          pointers, placeholders)
         if bound is not None:
             body.append(f"    v{i} = {bound}")
+        elif i in checks:
+            body.append(f"    v{i} = {_checked(i, checks[i], spec, target, scope)}")
         else:
             # an aten overload's __call__ is ``return self._op(*args, **kwargs)``: call its C++ entry directly
             op = getattr(target, "_op", None) if type(target) is torch._ops.OpOverload else None
@@ -65,18 +75,67 @@ def build(data: Any, launch: Callable[..., Any] | None = None) -> Callable[..., 
             body.append("    " + " = ".join(f"v{j}" for j in dead) + " = None")
     # each device's current stream, read once per call (as Inductor's Python wrapper does)
     head = [f"    s{d} = {name}({d})" for d, name in streams.items()]
+    if pointers:  # placeholders a kernel takes as pointers: tensors, checked once per call
+        scope["_tensors"] = _tensors
+        head.insert(0, f"    _tensors({', '.join(f'v{j}' for j in sorted(pointers))})")
     code = "\n".join([f"def wrapper({', '.join(params)}):", *head, *body])
     exec(compile(code, "<precompile wrapper graph>", "exec"), scope)  # noqa: S102 - generated here from checked data
     return scope["wrapper"]
 
 
+def _checked(i: int, how: tuple[Any, ...], spec: dict[str, Any], target: Any, scope: dict[str, Any]) -> str:
+    """The call of node ``i`` in its checked form (:func:`precompile.artifact.wrapper_bounds.analyze`'s ``how``)."""
+    args = [_render(v, scope) for v in spec["args"]]
+    kwargs = [f"{k}={_render(v, scope)}" for k, v in spec["kwargs"].items()]
+    if how[0] == "view":
+        base, size, stride, offset = args
+        if how[1] is not None:  # constant sizes: their extent computed once, here; the storage checked per call
+            scope[f"t{i}"] = _view_of(*how[2:], how[1])
+            return f"t{i}({base})"
+        scope["_view"] = bounds.checked_view
+        return f"_view({base}, {size}, {stride}, {offset})"
+    if how[0] == "empty":
+        scope["_empty"] = bounds.checked_empty
+        return f"_empty({', '.join([*args, *kwargs])})"
+    scope[f"t{i}"] = bounds.checked_int(target)
+    return f"t{i}({', '.join(args)})"
+
+
+def _view_of(size: list[int], stride: list[int], offset: int, need: int) -> Any:
+    """``view(base)``: :func:`~precompile.artifact.wrapper_bounds.checked_view` with constant values."""
+    def view(base: Any) -> torch.Tensor:
+        return bounds.checked_view(base, size, stride, offset, need)
+
+    return view
+
+
+def _tensors(*values: Any) -> None:
+    """Raises WrapperGraphError unless every value is a tensor (or None): a kernel's pointer arguments."""
+    for v in values:
+        _tensor(v)
+
+
+def _tensor(value: Any) -> Any:
+    """``value``, a kernel's pointer argument; raises WrapperGraphError unless it is a tensor (or None)."""
+    if value is not None and not isinstance(value, torch.Tensor):
+        raise WrapperGraphError(f"a kernel's pointer argument is a {type(value).__name__}, not a tensor")
+    return value
+
+
 def _bind(spec: dict[str, Any], launch: Any, scope: dict[str, Any], streams: dict[int, str],
-          where: str) -> str | None:
+          where: str, values: list[Any], pointers: set[int], placeholders: set[int]) -> str | None:
     """A launch node as one direct call, ``k<n>(s<device>, grid_x, grid_y, grid_z, *cubin arguments)``, where the
     launcher offers ``bind(kernel_idx) -> (names of the arguments the cubin takes, the names among them that are
     pointers, run(stream, x, y, z, *args), device index)`` and ``stream(device) -> the raw current stream``, and
     the node is plain (one grid, no side-table constants or TMA descriptors); else None (the generic keyword call).
-    ``streams`` collects ``{device: name of the stream function in scope}`` for the wrapper's first lines."""
+    ``streams`` collects ``{device: name of the stream function in scope}`` for the wrapper's first lines, and
+    ``pointers`` the ``placeholders`` passed as pointers (``values``: :func:`check`'s), checked once per call to be
+    tensors; another node that may not be a tensor is checked where it is passed.
+
+    Raises:
+        WrapperGraphError: a kernel without a launch record, an argument it takes missing, or a pointer that is not
+            a tensor of the graph (a constant, or a node whose result is an integer or nothing).
+    """
     if not hasattr(launch, "bind"):
         return None
     kw = spec["kwargs"]
@@ -86,17 +145,21 @@ def _bind(spec: dict[str, Any], launch: Any, scope: dict[str, Any], streams: dic
             and kw.get("tma_descriptor_metadata") in ({"$dict": []}, None)):
         return None
     try:
-        passed, pointers, run, device = launch.bind(idx)
+        passed, pointer_names, run, device = launch.bind(idx)
     except KeyError:
         raise WrapperGraphError(f"{where} launches kernel {idx}, which has no launch record") from None
-    values = {k: v for k, v in named["$dict"]}
-    missing = [a for a in passed if a not in values]
+    given = {k: v for k, v in named["$dict"]}
+    missing = [a for a in passed if a not in given]
     if missing:
         raise WrapperGraphError(f"{where} does not pass the kernel's arguments {missing}")
     # a pointer argument is a tensor the graph holds (or None), never an address the stored graph makes up
-    bad = [a for a in pointers if not (values[a] is None or isinstance(values[a], dict) and "$node" in values[a])]
+    refs = {a: (given[a]["$node"] if isinstance(given[a], dict) and "$node" in given[a] else None)
+            for a in pointer_names}
+    bad = [a for a, j in refs.items() if not (given[a] is None or j is not None and values[j].kind in ("tensor", "any"))]
     if bad:
         raise WrapperGraphError(f"{where} passes {bad} as pointers, which are not tensors of the graph")
+    unsure = {j for j in refs.values() if j is not None and values[j].kind == "any"}  # checked per call
+    pointers.update(unsure & placeholders)
     if not isinstance(device, int) or isinstance(device, bool) or device < 0:
         raise WrapperGraphError(f"{where}: the launcher names device {device!r}, not an index")
     if device not in streams:
@@ -104,7 +167,11 @@ def _bind(spec: dict[str, Any], launch: Any, scope: dict[str, Any], streams: dic
         scope[streams[device]] = launch.stream
     name = f"k{len(scope)}"
     scope[name] = run
-    args = [_render(v, scope) for v in grid[0]["$tuple"]] + [_render(values[a], scope) for a in passed]
+    args = [_render(v, scope) for v in grid[0]["$tuple"]] + [
+        f"_tensor({_render(given[a], scope)})" if refs.get(a) in unsure - placeholders else _render(given[a], scope)
+        for a in passed]
+    if unsure - placeholders:
+        scope["_tensor"] = _tensor
     return f"{name}({', '.join([f's{device}', *args])})"
 
 

@@ -11,70 +11,46 @@ Format: :func:`precompile.artifact.graph_json.graph_to_json`'s (``{"schema", "no
 "kwargs"}], "submodules": {}}``, nodes referenced by position), restricted by :func:`check`:
 
 - ops: ``placeholder``, ``call_function``, ``output`` (exactly one, last); no submodules, attributes or methods;
-- targets: an overload of the ``aten`` or ``prims`` namespace (``{"op": "aten::addmm.out"}``; looked up on
-  ``torch.ops``, nothing imported; :data:`DENIED_OPS` refused), a function of :data:`ALLOWED_FUNCTIONS`
-  (``{"fn": "torch:empty_strided"}``...), or ``{"hop": "triton_kernel_wrapper_mutation"}``, which the loader binds
-  to its own launcher of the artifact's cubins (:func:`precompile.artifact.wrapper_codegen.build`'s ``launch``);
+- targets: a positive allow-list (:mod:`precompile.artifact.wrapper_ops`, each entry with why it stays inside
+  the storages it is given): the ATen overloads of :data:`ALLOWED_OPS` (``{"op": "aten::addmm.out"}``; looked up
+  on ``torch.ops``, nothing imported), the functions of :data:`ALLOWED_FUNCTIONS` (``{"fn": "torch:empty_strided"}``,
+  ``torch:as_strided``, ``getitem``, size arithmetic), and ``{"hop": "triton_kernel_wrapper_mutation"}``, which the
+  loader binds to its own launcher of the artifact's cubins (:func:`precompile.artifact.wrapper_codegen.build`'s
+  ``launch``);
 - arguments: JSON values, references to earlier nodes, dtypes, devices, layouts, memory formats, sizes, slices,
-  tuples and dicts with string or int keys; nothing else;
+  tuples and dicts with string or int keys; nothing else; each function's arguments in the form the converter
+  writes them (:mod:`precompile.artifact.wrapper_bounds`);
 - bounds: at most :data:`MAX_NODES` nodes, nesting depth :data:`MAX_DEPTH`, :data:`MAX_ITEMS` items per list or
-  dict, strings of at most :data:`MAX_STRING` characters, node and placeholder names that are identifiers.
+  dict, strings of at most :data:`MAX_STRING` characters, node and placeholder names that are identifiers; every
+  view inside the storage it views and every allocation's sizes non-negative and within int64
+  (:mod:`precompile.artifact.wrapper_bounds`: at load where the values are constants, else once per call).
 
-What a graph like this still does: allocate memory, call ATen kernels, and launch the artifact's cubins with the
-arguments it names; a malicious cubin's effects on the GPU are not contained (docs/format.md, "Trust").
+What a graph like this still does: allocate memory, call the listed ATen kernels, and launch the artifact's cubins
+with tensors of the graph as their pointers; a malicious cubin's effects on the GPU are not contained
+(docs/format.md, "Trust").
 """
 
 from __future__ import annotations
 
 import keyword
 import math
-import operator
-from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.fx
 
 from precompile.artifact.graph_json import GRAPH_SCHEMA, TORCH_NAMES, graph_to_json
+from precompile.artifact.wrapper_bounds import Value, analyze
+from precompile.artifact.wrapper_ops import (ALLOWED_FUNCTIONS, ALLOWED_OPS, ARITHMETIC, TRITON_LAUNCH,
+                                             WrapperGraphError, lookup_op)
 
-#: Python functions a wrapper graph may call, by the name :func:`precompile.artifact.graph_json.graph_to_json` stores.
-ALLOWED_FUNCTIONS: dict[str, Callable[..., Any]] = {
-    "torch:empty_strided": torch.empty_strided,
-    "torch:as_strided": torch.as_strided,
-    "_operator:getitem": operator.getitem,
-    "_operator:add": operator.add,
-    "_operator:sub": operator.sub,
-    "_operator:mul": operator.mul,
-    "_operator:floordiv": operator.floordiv,
-    "_operator:mod": operator.mod,
-    "_operator:neg": operator.neg,
-    "_operator:eq": operator.eq,
-    "_operator:lt": operator.lt,
-    "_operator:le": operator.le,
-    "_operator:gt": operator.gt,
-    "_operator:ge": operator.ge,
-    "torch:sym_max": torch.sym_max,
-    "torch:sym_min": torch.sym_min,
-}
-#: Operator namespaces whose overloads a wrapper graph may call.
-ALLOWED_NAMESPACES = frozenset({"aten", "prims"})
-#: ATen operators refused although their namespace is allowed: they reach host files.
-DENIED_OPS = frozenset({"aten::from_file"})
-#: The higher-order operator a Triton kernel launch is; bound to the loader's launcher.
-TRITON_LAUNCH = "triton_kernel_wrapper_mutation"
+__all__ = ["ALLOWED_FUNCTIONS", "ALLOWED_OPS", "MAX_DEPTH", "MAX_ITEMS", "MAX_NODES", "MAX_STRING", "TRITON_LAUNCH",
+           "WrapperGraphError", "check", "to_data"]
 
 MAX_NODES = 100_000
 MAX_DEPTH = 8
 MAX_ITEMS = 4096
 MAX_STRING = 256
-#: functions whose arguments must be plain integers or node references (size arithmetic, no list or string tricks)
-_ARITHMETIC = frozenset(n for n in ALLOWED_FUNCTIONS if n.startswith("_operator:") and n != "_operator:getitem") | {
-    "torch:sym_max", "torch:sym_min"}
-
-
-class WrapperGraphError(ValueError):
-    """A stored wrapper graph is malformed, too large, or names a target or value outside the allow-list."""
-
 
 def to_data(gm: torch.fx.GraphModule) -> dict[str, Any]:
     """``gm`` (Inductor's FX wrapper graph) as data, checked as a load would check it.
@@ -89,11 +65,17 @@ def to_data(gm: torch.fx.GraphModule) -> dict[str, Any]:
     return data
 
 
-def check(data: Any) -> None:
+def check(data: Any) -> tuple[list[Value], dict[int, Any]]:
     """Check a stored wrapper graph against the format (module docstring) without building anything.
 
+    Returns:
+        :func:`precompile.artifact.wrapper_bounds.analyze`'s ``(values, checks)``: what each node's result is,
+        and the nodes to check at call time (what :func:`precompile.artifact.wrapper_codegen.build` generates).
+
     Raises:
-        WrapperGraphError: naming the first node or value that is not allowed, and why.
+        WrapperGraphError: naming the first node or value that is not allowed, and why (a target outside the
+            allow-list, arguments not in the form its target takes, a view that reaches past a storage the graph
+            fixes, a negative or overflowing size, stride or offset...).
     """
     if not isinstance(data, dict) or data.get("schema") != GRAPH_SCHEMA:
         raise WrapperGraphError(f"not a wrapper graph of schema {GRAPH_SCHEMA}")
@@ -112,13 +94,15 @@ def check(data: Any) -> None:
         if not _identifier(name):
             raise WrapperGraphError(f"{where}'s name {str(name)[:40]!r} is not an identifier")
         where = f"node {i} ({name})"
+        if not isinstance(node["args"], list) or not isinstance(node["kwargs"], dict):
+            raise WrapperGraphError(f"{where}: args must be a list and kwargs an object")
         if op == "placeholder":
             if not _identifier(node["target"]) or node["args"] or node["kwargs"]:
                 raise WrapperGraphError(f"{where}: a placeholder takes an identifier and no arguments")
         elif op == "call_function":
             found = _target(node["target"], where)
             fn = node["target"].get("fn")
-            if fn in _ARITHMETIC and not all(
+            if fn in ARITHMETIC and not all(
                     isinstance(a, int) or isinstance(a, dict) and set(a) == {"$node"} for a in node["args"]):
                 raise WrapperGraphError(f"{where}: size arithmetic takes integers and nodes only")
             if found is None and not (isinstance(node["kwargs"].get("kernel_idx"), int)
@@ -130,14 +114,13 @@ def check(data: Any) -> None:
         else:
             raise WrapperGraphError(f"{where}: op {str(op)[:40]!r} is not allowed (placeholder, call_function, "
                                     "output)")
-        if not isinstance(node["args"], list) or not isinstance(node["kwargs"], dict):
-            raise WrapperGraphError(f"{where}: args must be a list and kwargs an object")
         for value in [*node["args"], *node["kwargs"].values()]:
             _value(value, i, where, 0)
         if any(not _identifier(k) for k in node["kwargs"]):
             raise WrapperGraphError(f"{where}: keyword names must be identifiers")
     if nodes[-1]["op"] != "output":
         raise WrapperGraphError("the last node must be the output")
+    return analyze(nodes)
 
 
 def _identifier(value: Any) -> bool:
@@ -155,14 +138,13 @@ def _target(target: Any, where: str) -> Any:
             return ALLOWED_FUNCTIONS[name]
         if kind == "hop" and name == TRITON_LAUNCH:
             return None
-        if kind == "op" and isinstance(name, str) and len(name) <= MAX_STRING:
-            qual, _, overload = name.rpartition(".")
-            ns, _, op = qual.partition("::")
-            if ns in ALLOWED_NAMESPACES and qual not in DENIED_OPS and op.isidentifier() and overload.isidentifier():
-                found = getattr(getattr(getattr(torch.ops, ns), op, None), overload, None)
-                if isinstance(found, torch._ops.OpOverload):
-                    return found
-                raise WrapperGraphError(f"{where}: operator {name!r} does not exist in this torch")
+        if kind == "op":
+            try:
+                found = lookup_op(name)
+            except WrapperGraphError as err:
+                raise WrapperGraphError(f"{where}: {err}") from None
+            if found is not None:
+                return found
     raise WrapperGraphError(f"{where}: target {str(target)[:80]} is not in the wrapper allow-list")
 
 

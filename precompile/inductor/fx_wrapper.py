@@ -126,6 +126,20 @@ def static_name(binary: Any) -> str:
     return str(getattr(getattr(binary, "metadata", None), "name", "?"))
 
 
+def stored_graph(graph: torch.fx.GraphModule) -> bytes | str:
+    """The wrapper graph's JSON as an artifact stores it, or why it cannot be stored: a target outside the
+    allow-list (an extern kernel Inductor calls that :mod:`precompile.artifact.wrapper_ops` does not list, such as
+    ``aten::topk``), or arguments outside the format; the message names the node."""
+    import json
+
+    from precompile.artifact import wrapper_graph as wg
+
+    try:
+        return json.dumps(wg.to_data(graph), sort_keys=True).encode()
+    except wg.WrapperGraphError as err:
+        return f"the wrapper graph is outside the allow-list: {' '.join(str(err).split())[:300]}"
+
+
 def build_wrapper_graph(gm: torch.fx.GraphModule, compile_inputs: list[Any], run_inputs: list[Any],
                         options: dict[str, Any] | None, reference: Any, *, inputs_to_check: list[int],
                         mutated: list[int], cache_dir: str | None = None,
@@ -150,11 +164,8 @@ def build_wrapper_graph(gm: torch.fx.GraphModule, compile_inputs: list[Any], run
         tuned: the reference compile's GEMM/convolution benchmark records (:attr:`BuildResult.tuned`), replayed
             so that each tuned op takes the reference's pick (:func:`precompile.inductor.picks.replaying`).
     """
-    import json
-
     from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
 
-    from precompile.artifact import wrapper_graph as wg
     from precompile.inductor import graph_engine, picks, runs
     from precompile.inductor.compile import _build_cache_dir
     from precompile.inductor.cuda_runtime import pack_launch
@@ -165,7 +176,9 @@ def build_wrapper_graph(gm: torch.fx.GraphModule, compile_inputs: list[Any], run
         launches = [n for n in graph.graph.nodes if n.op == "call_function" and "triton_kernel" in str(n.target)]
         if any(kernel_side_table.get_constant_args(n.kwargs["constant_args_idx"]) for n in launches):
             return "a Triton launch carries side-table constants, which the wrapper graph does not store"
-        data = json.dumps(wg.to_data(graph), sort_keys=True).encode()
+        data = stored_graph(graph)
+        if isinstance(data, str):
+            return data
         blobs = {i: pack_launch(record, cubin) for i, (record, cubin) in launch_records(kernels).items()}
         fn = graph_engine.load_graph(data, blobs, inputs_to_check=inputs_to_check, mutated=mutated)
     except NotExpressible as err:

@@ -48,6 +48,25 @@ def test_a_graph_with_a_fused_kernel_is_not_expressible_and_says_why():
         wrapper_graph(gm, [torch.randn(8)])
 
 
+class TopK(torch.nn.Module):
+    def forward(self, x, w):
+        return torch.topk(x @ w, 3, dim=-1).values
+
+
+def test_an_extern_kernel_outside_the_allow_list_keeps_the_python_wrapper_and_says_why():
+    """Inductor calls ``aten::topk`` as a fallback kernel, which the FX wrapper expresses (once its alignment
+    asserts are off) but the allow-list does not take: the artifact keeps the Python wrapper, naming the node."""
+    from precompile.inductor.fx_wrapper import stored_graph
+
+    graph, _, _ = wrapper_graph(torch.fx.symbolic_trace(TopK()), [torch.randn(8, 16), torch.randn(16, 32)],
+                                {"alignment_asserts": False, "size_asserts": False})
+    assert "torch.ops.aten.topk.default" in graph.code
+    why = stored_graph(graph)
+    assert why.startswith("the wrapper graph is outside the allow-list: node") and "aten::topk.default" in why
+    assert isinstance(stored_graph(wrapper_graph(torch.fx.symbolic_trace(Gemms()), [
+        torch.randn(8, 16), torch.randn(16, 4), torch.randn(4)])[0]), bytes)
+
+
 def _launching_graph(launches: int = 1):
     """A wrapper graph as Inductor's FX wrapper writes one for a GPU graph: buffers, a view, a library call
     into a buffer, sizes read from an input, and ``launches`` Triton kernel launches over the buffer."""
@@ -98,13 +117,18 @@ def _node(data, target):
 DAMAGES = {
     "a function outside the allow-list": (
         lambda d: _node(d, {"fn": "torch:empty_strided"}).update(target={"fn": "os:system"}), "allow-list"),
-    "a denied ATen op": (
+    "an ATen op that reads a file": (
         lambda d: _node(d, {"op": "aten::addmm.out"}).update(target={"op": "aten::from_file.default"}), "allow-list"),
+    "an ATen view without a bounds check": (
+        lambda d: _node(d, {"op": "aten::addmm.out"}).update(target={"op": "aten::_reshape_alias.default"}),
+        "allow-list"),
+    "a prims op": (
+        lambda d: _node(d, {"op": "aten::addmm.out"}).update(target={"op": "prims::view_of.default"}), "allow-list"),
     "another operator namespace": (
         lambda d: _node(d, {"op": "aten::addmm.out"}).update(target={"op": "mylib::evil.default"}), "allow-list"),
     "an operator this torch lacks": (
         lambda d: _node(d, {"op": "aten::addmm.out"}).update(target={"op": "aten::no_such_op.default"}),
-        "does not exist"),
+        "allow-list"),
     "a module call": (lambda d: d["nodes"][4].update(op="call_module"), "not allowed"),
     "a reference to a later node": (lambda d: d["nodes"][4]["args"].__setitem__(0, {"$node": 9}), "only earlier"),
     "a name that is not an identifier": (lambda d: d["nodes"][3].update(name="x; import os"), "not an identifier"),
