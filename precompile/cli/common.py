@@ -57,11 +57,14 @@ def open_existing(url: str | None):
 
     Raises:
         CacheURLError: the URL is malformed.
+        TrustConfigError: a verify or signing key setting (the environment's or the URL's) is wrong or names no key.
         CacheUnavailableError: the directory does not exist, or a tier does not answer.
     """
     from cache_backends.registry import open_cache, probe
+    from precompile.artifact import trust
 
     cache = open_cache(url, create=False)
+    trust.policy(cache)  # a key setting that is wrong fails every command, before it reads anything
     probe(cache)
     return cache
 
@@ -71,11 +74,14 @@ def open_for_write(url: str | None):
 
     Raises:
         CacheURLError: the URL is malformed.
+        TrustConfigError: a verify or signing key setting (the environment's or the URL's) is wrong or names no key.
         CacheUnavailableError: a tier does not answer.
     """
     from cache_backends.registry import open_cache, probe
+    from precompile.artifact import trust
 
     cache = open_cache(url)
+    trust.policy(cache)
     probe(cache)
     return cache
 

@@ -46,7 +46,7 @@ def load(path_or_key: str | os.PathLike[str], *, cache: str | Cache | None = Non
         UnsafePathError: (an ArtifactFormatError) a name in the manifest or ``index.json`` would be an unsafe path.
         UntrustedArtifactError: verify keys are configured and the file's manifest is not signed by one of them.
         EnvironmentMismatchError: the artifact was built for another torch/CPU ISA/GPU.
-        TrustConfigError: a configured key cannot be read.
+        TrustConfigError: (a ConfigError) a configured key cannot be read, or a key setting names no key.
     """
     start = time.perf_counter()
     text = os.fspath(path_or_key)
@@ -83,11 +83,12 @@ def _load_path(p: Path) -> Artifact:
     from precompile.artifact import formats, trust
     from precompile.errors import UntrustedArtifactError
 
+    policy = trust.policy()  # a wrong key setting fails before the file is read
     if p.is_dir():
         manifest, blobs = formats.read_unpacked(p)
     else:
         manifest, blobs = formats.read_binary(p)
-    verdict = trust.policy().check(manifest.to_dict())
+    verdict = policy.check(manifest.to_dict())
     if not verdict.ok:
         trust.note_refused(verdict, f"artifact {p}")
         raise UntrustedArtifactError(f"artifact {p} is refused: {verdict.detail}; nothing of it was run. Load "
