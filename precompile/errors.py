@@ -74,6 +74,12 @@ class UnsafePathError(ArtifactFormatError):
         self.name = name
 
 
+class NotAnArtifactPathError(ArtifactFormatError):
+    """A path given as an artifact names something no artifact can be read from: a FIFO, a device, a socket, a
+    directory without ``manifest.json``, or a file that cannot be read (``/proc/self/mem``).  Nothing is read from
+    a FIFO or a device.  The command line takes it as a mistake in what was asked (exit status 2)."""
+
+
 class UntrustedArtifactError(ArtifactError, PermissionError):
     """Verify keys are configured and an artifact file or directory is not signed by one of them.
 
