@@ -19,6 +19,7 @@ whose ambient state cannot be restored here.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import time
 from collections.abc import Iterator
@@ -28,16 +29,12 @@ from typing import Any
 import torch
 
 from cache_backends.base import MISS, Cache, digest_bytes
-from cache_backends.bounded import loads_json
 from precompile import config
 from precompile.artifact.manifest import Manifest
 from precompile.errors import PrecompileError
 from precompile.key import fingerprint, sdpa
 
 log = logging.getLogger("precompile")
-
-#: Largest stored FX graph (JSON) parsed here, bytes; it is parsed with a depth bound too.
-MAX_BLOB_JSON_BYTES = 1 << 30
 
 
 @dataclass
@@ -198,7 +195,7 @@ def rebuild_one(cache: Cache, key: str, *, force: bool = False) -> Outcome:
         graph_blob = cache.get_blob(manifest.parts["fx_graph"]["graph"])
         if graph_blob is MISS:
             return done("failed", "its stored FX graph is missing or damaged")
-        graph_json = loads_json(graph_blob, MAX_BLOB_JSON_BYTES, "stored FX graph")  # type: ignore[arg-type]
+        graph_json = json.loads(graph_blob)  # type: ignore[arg-type]
         if digest_bytes(canonical_json(canonical_graph(graph_json))) != factors.get("graph"):
             raise Refused("its stored FX graph does not hash to its graph factor")
         inputs = example_inputs(manifest)
