@@ -12,6 +12,7 @@ from typing import Any
 
 from cache_backends import redis_codec as codec
 from cache_backends.base import HEX64, StoredBlob, StoredRef, check_name
+from cache_backends.redis_blobs import WRONG_TYPE, execute
 
 
 class UpkeepMixin:
@@ -92,9 +93,13 @@ class UpkeepMixin:
             CacheUnavailableError: Redis cannot be reached.
         """
         with self._talk(f"checking blob {check_name(digest)[:12]}"):
-            head = self.client.get(self._head_key(digest))
+            pipe = self.client.pipeline(transaction=False)
+            pipe.get(self._head_key(digest))
+            head = execute(pipe)[0]
         if head is None:
             return None, "missing"
+        if head is WRONG_TYPE:
+            return None, "a key of another type, not a blob"
         if codec.head_kind(head) in (codec.INLINE_ZSTD, codec.INLINE_RAW):
             data, why = codec.decode_inline(digest, head)
         else:
