@@ -56,9 +56,11 @@ def diff(a: str, b: str | None, cache_url: str | None, count: int, as_json: bool
     would have missed)."""
     from rich.text import Text
 
+    from precompile.artifact import trust
     from precompile.store.diff import compare, nearest
     from precompile.store.lookup import open_target, stored_manifests
 
+    trust.policy()  # a wrong key setting fails before a path or a cache is read
     cache = _opener(cache_url)
     left = _checked(open_target(a, cache))
     if b is None:
@@ -123,9 +125,11 @@ def explain(target: str, cache_url: str | None, from_url: str | None, as_json: b
     machine) is or would be a miss in the cache: whether its key is stored there and, if not, the closest stored
     artifact and the factors that differ.  PRECOMPILE_EXPLAIN=1 makes every miss of standalone_compile log the
     same line."""
+    from precompile.artifact import trust
     from precompile.store.diff import explain_miss, nearest
     from precompile.store.lookup import open_target, stored_manifests
 
+    trust.policy()  # a wrong key setting fails before a path or a cache is read
     cache = _opener(cache_url)
     source = _checked(open_target(target, _opener(from_url) if from_url else cache))
     stored = stored_manifests(cache())
