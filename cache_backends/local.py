@@ -51,6 +51,7 @@ from cache_backends.base import (
 from cache_backends.bounded import open_regular
 from cache_backends.local_counters import STATS_LOCK_TIMEOUT_S, LocalCountersMixin  # noqa: F401
 from cache_backends.local_files import READ_ONLY_ERRNOS, LocalFilesMixin, drop_ident, lstat_or_none
+from cache_backends.local_heal import heal
 from cache_backends.local_upkeep import (  # noqa: F401 - manifest_blob_digests, the constants: re-exported
     EVICT_TARGET_FRACTION, SIZE_RESCAN_S, STALE_TEMP_S, LocalUpkeepMixin, manifest_blob_digests)
 from cache_backends.local_url import make_file_url, parse_file_url
@@ -242,7 +243,8 @@ class LocalCache(LocalUpkeepMixin, LocalCountersMixin, LocalFilesMixin, Cache):
         """Store ``data`` zstd-compressed (idempotent) and return its digest (sha256 hex of ``data``).
 
         An existing blob is not rewritten; its mtime is refreshed so eviction's grace period protects it until
-        the caller's ref lands.  Counts ``puts`` and ``bytes_written`` (compressed bytes) for new blobs only.
+        the caller's ref lands.  Anything but a regular file under its name (a directory, a FIFO, a symlink) is
+        replaced, counted under ``errors``.  Counts ``puts`` and ``bytes_written`` (compressed bytes) for new blobs only.
 
         Raises:
             ValueError: ``digest`` is given and is not the sha256 of ``data`` (or not 64 lowercase hex).
@@ -255,6 +257,7 @@ class LocalCache(LocalUpkeepMixin, LocalCountersMixin, LocalFilesMixin, Cache):
         self._check_writable()
         path = self._blob_path(actual)
         try:
+            heal(self, path, f"blob {actual[:12]}")
             os.utime(path)
             return actual
         except FileNotFoundError:
@@ -312,6 +315,7 @@ class LocalCache(LocalUpkeepMixin, LocalCountersMixin, LocalFilesMixin, Cache):
     def set_ref(self, key: str, digest: str) -> None:
         """Point ``key`` at ``digest`` atomically (write the blobs it names first), then evict least recently
         used artifacts if ``blob/`` holds more than ``max_bytes`` bytes.  An eviction failure is logged, not raised.
+        Anything but a regular file under the ref's name (a directory, a FIFO) is replaced, counted under ``errors``.
 
         Raises:
             ValueError: ``key`` or ``digest`` is not 64 lowercase hex characters.
@@ -322,6 +326,7 @@ class LocalCache(LocalUpkeepMixin, LocalCountersMixin, LocalFilesMixin, Cache):
         check_name(digest)
         self._check_writable()
         try:
+            heal(self, self._ref_path(key), f"ref {key[:12]}")
             self._write_atomic(self._ref_path(key), (digest + "\n").encode("ascii"))
         except OSError as err:
             raise self._write_error(err, f"ref {key}") from err

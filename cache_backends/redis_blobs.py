@@ -2,7 +2,8 @@
 
 The key layout, the head format and the bounds on what is read are in :mod:`cache_backends.redis_cache`'s and
 :mod:`cache_backends.redis_codec`'s docstrings.  A head or chunk that is missing, garbled or does not hash right is
-a miss, counted under ``errors``, and deleted (unless read-only) so the next writer replaces it.
+a miss, counted under ``errors``, and deleted (unless read-only) so the next writer replaces it; so is a key of
+another type (a hash, a list...) in a head's or a chunk's place, which a writer also replaces.
 """
 
 from __future__ import annotations
@@ -22,6 +23,42 @@ log = logging.getLogger("precompile.cache")
 
 #: Chunk keys per pipeline when deleting or refreshing a blob's chunks.
 CHUNK_BATCH = 256
+
+
+class _WrongType:
+    """What a read answers for a key that holds a hash, a list, a set... where a string was written."""
+
+    def __repr__(self) -> str:
+        return "WRONG_TYPE"
+
+
+#: The reply :func:`execute` gives for a command on a key of the wrong type (Redis's WRONGTYPE error).
+WRONG_TYPE = _WrongType()
+
+
+def execute(pipe: Any) -> list[Any]:
+    """``pipe.execute()``, where a command on a key of the wrong type (a hash or list planted where a blob, chunk
+    or ref was) answers :data:`WRONG_TYPE` instead of failing the whole pipeline, so that the caller treats that
+    one key as damaged (a miss, dropped) and the others as usual.  Call inside ``_talk``.
+
+    Raises:
+        redis.exceptions.RedisError: any other error (``_talk`` maps it to a ``CacheError``).
+    """
+    replies = pipe.execute(raise_on_error=False)
+    for reply in replies:
+        if isinstance(reply, Exception) and not is_wrong_type(reply):
+            raise reply
+    return [WRONG_TYPE if isinstance(r, Exception) else r for r in replies]
+
+
+def is_wrong_type(err: BaseException) -> bool:
+    """True for Redis's answer to a command on a key holding another type (``WRONGTYPE ...``)."""
+    return str(err).startswith("WRONGTYPE")
+
+
+def type_name(reply: Any) -> str:
+    """A TYPE reply as text (``"string"``, ``"none"``, ``"hash"``...)."""
+    return reply.decode("ascii", "replace") if isinstance(reply, bytes) else str(reply)
 
 
 class BlobsMixin:
@@ -106,13 +143,19 @@ class BlobsMixin:
                 pipe.getrange(self._head_key(d), 0, codec.head_limit(bound[d]))  # one byte more than may be
                 if refresh:
                     pipe.pexpire(self._head_key(d), int(self.ttl_s * 1000))
-            replies = pipe.execute()
-        heads: dict[str, bytes | None] = {d: h or None for d, h in zip(unique, replies[:: 2 if refresh else 1])}
+            replies = execute(pipe)
+        # GETRANGE answers b"" for a missing key; a key of another type answers WRONG_TYPE (execute)
+        heads: dict[str, Any] = {d: h or None for d, h in zip(unique, replies[:: 2 if refresh else 1])}
         bad: list[str] = []
         over: list[str] = []
         nread = 0
         chunked: list[tuple[str, codec.ChunkedHead]] = []
         for d, head in heads.items():
+            if head is WRONG_TYPE:
+                log.warning("Redis blob %s in %s is a key of another type, not a blob; dropping it", d[:12], self.url)
+                heads[d] = None
+                bad.append(d)
+                continue
             if head is None:
                 continue
             nread += len(head)
@@ -170,17 +213,19 @@ class BlobsMixin:
                 pipe.getrange(self._chunk_key(digest, i), 0, limit)
                 if refresh:
                     pipe.pexpire(self._chunk_key(digest, i), int(self.ttl_s * 1000))  # type: ignore[operator]
-            return [c or None for c in pipe.execute()[:: 2 if refresh else 1]]
+            # a chunk of another type reads as missing: the blob is a miss, and dropped with its chunks
+            return [None if c is WRONG_TYPE else (c or None) for c in execute(pipe)[:: 2 if refresh else 1]]
 
     def has_blob(self, digest: str) -> bool:
-        """True if blob ``digest``'s head exists (not verified; one EXISTS).
+        """True if blob ``digest``'s head exists as a string (not verified; one TYPE): a key of another type in its
+        place is no blob.
 
         Raises:
             ValueError: ``digest`` is not 64 lowercase hex characters.
             CacheUnavailableError: Redis cannot be reached.
         """
         with self._talk("checking a blob"):
-            return bool(self.client.exists(self._head_key(check_name(digest))))
+            return type_name(self.client.type(self._head_key(check_name(digest)))) == "string"
 
     def has_blobs(self, digests: list[str]) -> dict[str, bool]:
         """``{digest: exists}`` in one pipelined round trip (EXISTS, or with a TTL PEXPIRE, which refreshes what
@@ -202,20 +247,23 @@ class BlobsMixin:
                     pipe.pexpire(self._head_key(d), int(self.ttl_s * 1000))  # type: ignore[operator]
                     pipe.getrange(self._head_key(d), 0, codec.CHUNKED_HEAD_BYTES)
                 else:
-                    pipe.exists(self._head_key(d))
-            replies = pipe.execute()
+                    pipe.type(self._head_key(d))
+            replies = execute(pipe)
             if not refresh:
-                return {d: bool(r) for d, r in zip(unique, replies)}
-            found = {d: bool(r) for d, r in zip(unique, replies[::2])}
+                return {d: type_name(r) == "string" for d, r in zip(unique, replies)}
+            # a head of another type answers GETRANGE with WRONGTYPE: no blob (its next store replaces it)
+            found = {d: bool(r) and head is not WRONG_TYPE for d, r, head in zip(unique, replies[::2], replies[1::2])}
             ms = int(self.ttl_s * 1000)  # type: ignore[operator]
             for d, head in zip(unique, replies[1::2]):
-                self._each_chunk(d, self._chunk_count(head) or 0, lambda p, k: p.pexpire(k, ms))
+                if head is not WRONG_TYPE:
+                    self._each_chunk(d, self._chunk_count(head) or 0, lambda p, k: p.pexpire(k, ms))
         return found
 
     def put_blob(self, data: bytes, digest: str | None = None) -> str:
         """Store ``data`` zstd-compressed, or raw where zstd saves less than 3% (idempotent); return its digest.
 
-        An existing blob is not rewritten (with a TTL, its expiry is refreshed).  A frame longer than
+        An existing blob is not rewritten (with a TTL, its expiry is refreshed); a key of another type (a hash,
+        a list...) in its head's place is replaced, counted under ``errors``.  A frame longer than
         ``chunk_size`` bytes is written as chunks in pipelined batches, then its head, so a reader never sees a
         head without its chunks (unless the server evicted them: then the read is a miss).  Counts ``puts``
         and ``bytes_written`` for new blobs.
@@ -231,13 +279,21 @@ class BlobsMixin:
         head_key = self._head_key(actual)
         with self._talk(f"writing blob {actual[:12]}", write=True):
             if self.ttl_s is None:
-                exists = self.client.exists(head_key)
-            else:  # refresh an existing blob's TTL; PEXPIRE answers 0 for a missing key
-                exists = self.client.pexpire(head_key, int(self.ttl_s * 1000))
-                if exists:
+                kind = type_name(self.client.type(head_key))
+            else:  # refresh an existing blob's TTL in the same round trip
+                pipe = self.client.pipeline(transaction=False)
+                pipe.type(head_key)
+                pipe.pexpire(head_key, int(self.ttl_s * 1000))
+                kind = type_name(execute(pipe)[0])
+            if kind == "string":
+                if self.ttl_s is not None:
                     self._refresh_chunks(actual)
-            if exists:
                 return actual
+            if kind != "none":  # planted or left by something else: it would make every read of this blob a miss
+                log.warning("Redis blob %s in %s is a key of type %s, not a blob; replacing it", actual[:12],
+                            self.url, kind[:20])
+                self.client.delete(head_key)
+                self._count(errors=1)
             threads = -1 if len(data) > (8 << 20) else 0
             frame = zstandard.ZstdCompressor(level=self.level, threads=threads).compress(bytes(data))
             raw = len(frame) > len(data) * (1 - RAW_IF_SAVING_BELOW)
@@ -261,6 +317,9 @@ class BlobsMixin:
         return actual
 
     def _refresh_chunks(self, digest: str) -> None:
-        head = self.client.get(self._head_key(digest))
+        pipe = self.client.pipeline(transaction=False)
+        pipe.get(self._head_key(digest))
+        head = execute(pipe)[0]
         ms = int(self.ttl_s * 1000)  # type: ignore[operator]
-        self._each_chunk(digest, self._chunk_count(head) or 0, lambda p, k: p.pexpire(k, ms))
+        count = self._chunk_count(head if isinstance(head, bytes) else None)
+        self._each_chunk(digest, count or 0, lambda p, k: p.pexpire(k, ms))

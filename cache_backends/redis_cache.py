@@ -51,7 +51,7 @@ from typing import Any
 import redis.exceptions as rex
 
 from cache_backends.base import HEX64, MISS, Cache, _Miss, check_name
-from cache_backends.redis_blobs import BlobsMixin
+from cache_backends.redis_blobs import WRONG_TYPE, BlobsMixin, execute
 from cache_backends.redis_counters import CountersMixin
 from cache_backends.redis_health import Breaker, CounterSink, server_key
 from cache_backends.redis_leases import RELEASE_LUA, RENEW_LUA, LeasesMixin
@@ -215,7 +215,8 @@ class RedisCache(BlobsMixin, CountersMixin, LeasesMixin, UpkeepMixin, Cache):
     # ------------------------------------------------------------------------------------------------- refs
     def get_ref(self, key: str) -> str | _Miss:
         """The manifest digest stored under artifact key ``key``, or :data:`MISS`.  With a TTL a hit refreshes
-        the ref's expiry.  A value that is not a digest is dropped, counted under ``errors``, and a miss.
+        the ref's expiry.  A value that is not a digest, or a key of another type (a hash, a list...), is dropped,
+        counted under ``errors``, and a miss; :meth:`set_ref` (one SET) replaces a key of any type.
 
         Raises:
             ValueError: ``key`` is not 64 lowercase hex characters.
@@ -224,18 +225,17 @@ class RedisCache(BlobsMixin, CountersMixin, LeasesMixin, UpkeepMixin, Cache):
         rkey = self._ref_key(check_name(key, "artifact key"))
         refresh = self.ttl_s is not None and not self.read_only
         with self._talk(f"reading ref {key[:12]}"):
+            pipe = self.client.pipeline(transaction=False)
+            pipe.get(rkey)
             if refresh:
-                pipe = self.client.pipeline(transaction=False)
-                pipe.get(rkey)
                 pipe.pexpire(rkey, int(self.ttl_s * 1000))  # type: ignore[operator]
-                raw = pipe.execute()[0]
-            else:
-                raw = self.client.get(rkey)
+            raw = execute(pipe)[0]
         if raw is None:
             return MISS
-        text = raw.decode("ascii", "replace") if isinstance(raw, bytes) else str(raw)
+        text = raw.decode("ascii", "replace") if isinstance(raw, bytes) else ""  # WRONG_TYPE: a hash, a list...
         if not HEX64.match(text):
-            log.warning("Redis ref %s in %s does not hold a digest; dropping it", key[:12], self.url)
+            log.warning("Redis ref %s in %s does not hold a digest%s; dropping it", key[:12], self.url,
+                        " (it is a key of another type)" if raw is WRONG_TYPE else "")
             self._count(errors=1)
             if not self.read_only:
                 try:
@@ -281,7 +281,7 @@ class RedisCache(BlobsMixin, CountersMixin, LeasesMixin, UpkeepMixin, Cache):
             pipe = self.client.pipeline(transaction=False)
             for k in keys:
                 pipe.get(k)
-            values = pipe.execute() if keys else []
+            values = execute(pipe) if keys else []  # a ref of another type is skipped, as a garbled one is
         for k, v in zip(keys, values):
             text = v.decode("ascii", "replace") if isinstance(v, bytes) else ""
             if HEX64.match(text):

@@ -13,6 +13,7 @@ from typing import Any
 from cache_backends import redis_codec as codec
 from cache_backends.base import HEX64, StoredBlob, StoredRef, check_name
 from cache_backends.bounded import MAX_BLOB_BYTES
+from cache_backends.redis_blobs import WRONG_TYPE, execute
 from precompile.errors import InputLimitError
 
 
@@ -95,7 +96,11 @@ class UpkeepMixin:
         """
         limit = codec.head_limit(MAX_BLOB_BYTES)
         with self._talk(f"checking blob {check_name(digest)[:12]}"):
-            head = self.client.getrange(self._head_key(digest), 0, limit)
+            pipe = self.client.pipeline(transaction=False)
+            pipe.getrange(self._head_key(digest), 0, limit)
+            head = execute(pipe)[0]
+        if head is WRONG_TYPE:
+            return None, "a key of another type, not a blob"
         if not head:
             return None, "missing"
         try:

@@ -65,8 +65,9 @@ def open_cache(url: str | Cache | Sequence[str] | None = None, *, create: bool =
             :func:`probe`).
 
     Raises:
-        CacheURLError: the URL is malformed, relative, names a scheme no backend handles, has a bad option, or
-            names a key that cannot be read.
+        CacheURLError: the URL is malformed, relative, names a scheme no backend handles, or has a bad option.
+        TrustConfigError: a ``verify_keys=`` or ``signing_key=`` option (of any tier) names a key that cannot be
+            read, or names none.
         CacheUnavailableError: ``create`` is False and a local cache directory does not exist (or is not a
             directory); or a Redis Cluster cannot be reached to be opened.
     """
@@ -79,6 +80,8 @@ def open_cache(url: str | Cache | Sequence[str] | None = None, *, create: bool =
                 return _open(url, create)
             except CacheURLError as err:
                 raise CacheURLError(f"PRECOMPILE_CACHE: {err}") from err
+            except TrustConfigError as err:
+                raise TrustConfigError(f"PRECOMPILE_CACHE: {err}") from err
     return _open(url, create)
 
 
@@ -124,8 +127,8 @@ def _open(url: str | Sequence[str], create: bool) -> Cache:
     else:
         cache = factory(url)
     if trust:
-        cache.verify_keys = tuple(k for k in trust.get("verify_keys", "").split(",") if k.strip())
-        cache.signing_key = trust.get("signing_key") or None
+        cache.verify_keys = tuple(k.strip() for k in trust.get("verify_keys", "").split(",") if k.strip())
+        cache.signing_key = trust["signing_key"].strip() if "signing_key" in trust else None
         cache.url += ("&" if "?" in cache.url else "?") + urlencode(trust)
     return cache
 
@@ -134,7 +137,9 @@ def _split_trust_options(url: str) -> tuple[str, dict[str, str]]:
     """``(url without the trust options, {option: value})``; the keys are read now, so a bad one fails here.
 
     Raises:
-        CacheURLError: an option is given twice or names a key that cannot be read.
+        CacheURLError: the query is malformed or an option is given twice.
+        TrustConfigError: an option names a key that cannot be read, or names none (``verify_keys=``,
+            ``verify_keys=,``, ``signing_key=``, a key file that is empty): a key option never turns checking off.
     """
     parts = urlsplit(url)
     if not any(name in parts.query for name in TRUST_OPTIONS):
@@ -151,12 +156,14 @@ def _split_trust_options(url: str) -> tuple[str, dict[str, str]]:
             trust[name] = value
     from precompile.artifact import trust as trust_mod
 
-    try:
-        trust_mod.parse_verify_keys(trust.get("verify_keys", ""))
-        if trust.get("signing_key"):
+    where = urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", ""))  # no password
+    if "verify_keys" in trust:
+        trust_mod.parse_verify_keys(trust["verify_keys"], f"verify_keys= of cache URL {where}")
+    if "signing_key" in trust:
+        try:
             trust_mod.load_signing_key(trust["signing_key"])
-    except TrustConfigError as err:
-        raise CacheURLError(f"cache URL option in {url!r}: {err}") from err
+        except TrustConfigError as err:
+            raise TrustConfigError(f"signing_key= of cache URL {where}: {err}") from err
     rest = urlencode([(n, v) for n, v in query if n not in TRUST_OPTIONS])
     return urlunsplit((parts.scheme, parts.netloc, parts.path, rest, parts.fragment)), trust
 

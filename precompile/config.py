@@ -14,8 +14,8 @@ temporary directory by setting the environment before the call.
 | ``PRECOMPILE_PRIME`` | whether a fast load replays the graph's library calls (cuBLAS, cuDNN, attention) in background threads, started once the manifest is verified, that the first call waits for (see ``precompile.inductor.prime``): ``off``, ``on`` (GPU graphs) or ``all`` (CPU graphs too) | ``on`` |
 | ``PRECOMPILE_REWRITES`` | ``on``: choices for a short first call, made before the key: exact graph rewrites (``precompile.key.passes``: a GPU matmul with an inner dimension of 1 becomes a multiply, so that a first call loads no cuBLAS kernel for it) and, for CUDA graphs, flash and memory-efficient attention ahead of cuDNN's (``precompile.key.sdpa``: no per-process cuDNN plan build); ``off`` compiles the graph as given under torch's own choices, for bits equal to torch's own compile of it | ``on`` |
 | ``PRECOMPILE_EXPLAIN`` | ``1``: on a miss, ``standalone_compile`` logs the closest stored artifact and the factors that differ (reads every stored manifest: for debugging) | ``0`` |
-| ``PRECOMPILE_SIGNING_KEY`` | builders: path of the Ed25519 private key (PEM) every stored or saved manifest is signed with; its public key is trusted too | unset: nothing signed |
-| ``PRECOMPILE_VERIFY_KEYS`` | serving workers: comma-separated Ed25519 public keys (``ed25519:<64 hex>``, or files of them / PEM); set, only artifacts signed by one of them load | unset: nothing checked |
+| ``PRECOMPILE_SIGNING_KEY`` | builders: path of the Ed25519 private key (PEM) every stored or saved manifest is signed with; its public key is trusted too | unset: nothing signed (set but blank: an error) |
+| ``PRECOMPILE_VERIFY_KEYS`` | serving workers: comma-separated Ed25519 public keys (``ed25519:<64 hex>``, or files of them / PEM); set, only artifacts signed by one of them load | unset: nothing checked (set, it must name a key: ``""``, ``","`` or an empty key file is an error) |
 
 The ``precompile`` logger's handler and level are set here too (:func:`setup_logging`), for the command line,
 warmup's workers and the vLLM adaptor.
@@ -34,7 +34,7 @@ import os
 import sys
 from pathlib import Path
 
-from precompile.errors import ConfigError
+from precompile.errors import ConfigError, TrustConfigError
 
 #: Version of the artifact format (manifest schema, container layout).  Part of every artifact key.
 FORMAT_VERSION = 3
@@ -172,14 +172,27 @@ def vllm_registry_enabled() -> bool:
 
 
 def signing_key_path() -> str | None:
-    """Path of the Ed25519 private key (PEM) manifests are signed with, from ``PRECOMPILE_SIGNING_KEY``."""
-    return os.environ.get("PRECOMPILE_SIGNING_KEY", "").strip() or None
+    """Path of the Ed25519 private key (PEM) manifests are signed with, from ``PRECOMPILE_SIGNING_KEY``; None when
+    the variable is unset.
+
+    Raises:
+        TrustConfigError: the variable is set but empty or blank (a builder that meant to sign would silently
+            store unsigned manifests).
+    """
+    raw = os.environ.get("PRECOMPILE_SIGNING_KEY")
+    if raw is None:
+        return None
+    if not raw.strip():
+        raise TrustConfigError(f"PRECOMPILE_SIGNING_KEY is set to {raw!r}: give the path of an Ed25519 private key "
+                               "(PEM), or unset it to sign nothing")
+    return raw.strip()
 
 
-def verify_keys_text() -> str:
-    """``PRECOMPILE_VERIFY_KEYS`` as given (comma-separated keys or key files; empty when unset); parsed by
-    :func:`precompile.artifact.trust.parse_verify_keys`."""
-    return os.environ.get("PRECOMPILE_VERIFY_KEYS", "").strip()
+def verify_keys_text() -> str | None:
+    """``PRECOMPILE_VERIFY_KEYS`` as given (comma-separated keys or key files), or None when it is unset; parsed by
+    :func:`precompile.artifact.trust.parse_verify_keys`, for which a value that is set but names no key (``""``,
+    ``","``) is an error."""
+    return os.environ.get("PRECOMPILE_VERIFY_KEYS")
 
 
 def prime_mode() -> str:

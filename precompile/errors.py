@@ -34,8 +34,16 @@ class CacheReadOnlyError(CacheError, PermissionError):
 
 # -------------------------------------------------------------------------------------------------- config
 class ConfigError(PrecompileError, ValueError):
-    """An environment variable precompile reads holds a value it does not accept; the message names the
-    variable, its value and what it accepts."""
+    """An environment variable precompile reads (or a setting of the same kind: a key file, a cache URL's key
+    option) holds a value it does not accept; the message names the setting, its value and what it accepts.
+    The command line exits with status 2 for it."""
+
+
+class TrustConfigError(ConfigError):
+    """A signing or verify key setting (``PRECOMPILE_SIGNING_KEY``, ``PRECOMPILE_VERIFY_KEYS``, a key file, a cache
+    URL's ``signing_key=`` / ``verify_keys=``) cannot be read, is not Ed25519, is not exactly one key a line, or
+    names no key at all.  Raised at the setting's first use, before anything is read from a cache or a file:
+    a key setting never fails open."""
 
 
 # ------------------------------------------------------------------------------------------------ artifact
@@ -66,6 +74,12 @@ class UnsafePathError(ArtifactFormatError):
         self.name = name
 
 
+class NotAnArtifactPathError(ArtifactFormatError):
+    """A path given as an artifact names something no artifact can be read from: a FIFO, a device, a socket, a
+    directory without ``manifest.json``, or a file that cannot be read (``/proc/self/mem``).  Nothing is read from
+    a FIFO or a device.  The command line takes it as a mistake in what was asked (exit status 2)."""
+
+
 class UntrustedArtifactError(ArtifactError, PermissionError):
     """Verify keys are configured and an artifact file or directory is not signed by one of them.
 
@@ -81,10 +95,6 @@ class UntrustedArtifactError(ArtifactError, PermissionError):
         super().__init__(message)
         self.reason = reason
         self.key_id = key_id
-
-
-class TrustConfigError(PrecompileError, ValueError):
-    """A signing or verify key given in the environment or a cache URL cannot be read or is not Ed25519."""
 
 
 class ArtifactNotFoundError(ArtifactError, FileNotFoundError):

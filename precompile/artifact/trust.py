@@ -29,6 +29,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -87,69 +88,128 @@ def key_id(key: Ed25519PublicKey) -> str:
     return hashlib.sha256(bytes.fromhex(public_text(key)[len(PUBLIC_PREFIX):])).hexdigest()[:16]
 
 
+#: Largest key file read (a PEM key or a list of public keys is a few hundred bytes), bytes.
+MAX_KEY_FILE_BYTES = 1 << 20
+
+_PUBLIC_TEXT = re.compile(r"ed25519:[0-9a-fA-F]{64}")
+
+
 @functools.lru_cache(maxsize=64)
-def parse_verify_keys(text: str) -> tuple[Ed25519PublicKey, ...]:
-    """Public keys from a comma-separated list: ``ed25519:<64 hex>`` entries, or paths of files holding PEM public
-    keys or ``ed25519:<hex>`` lines.  Parsed once per distinct text.
+def parse_verify_keys(text: str, setting: str = "the verify key setting") -> tuple[Ed25519PublicKey, ...]:
+    """Public keys from a comma-separated list: ``ed25519:<64 hex>`` entries, or paths of files holding one PEM
+    public key or ``ed25519:<64 hex>`` lines (one key a line; blank lines and lines starting with ``#`` are
+    skipped).  Parsed once per distinct text.  A setting that is given must name a key: one that yields none
+    (``","``, an empty file, a file of comments, ``/dev/null``) would turn verification off, so it is an error.
+
+    Args:
+        text: the setting's value.
+        setting: where it comes from, for messages (``"PRECOMPILE_VERIFY_KEYS"``, ``"verify_keys= of <url>"``).
 
     Raises:
-        TrustConfigError: an entry is neither, a file cannot be read, or a key is not Ed25519.
+        TrustConfigError: an entry is neither; a file is not a readable regular file of at most
+            :data:`MAX_KEY_FILE_BYTES`; a line of a file is not exactly one key; a key is not Ed25519; or the
+            setting yields no key at all.
     """
     keys: list[Ed25519PublicKey] = []
+    files = 0
     for entry in (e.strip() for e in text.split(",")):
         if not entry:
             continue
         if entry.startswith(PUBLIC_PREFIX):
-            keys.append(_public_from_hex(entry))
+            keys.append(_public_from_text(entry, f"{setting}: verify key {entry[:24]!r}..."))
             continue
-        try:
-            data = Path(entry).expanduser().read_bytes()
-        except OSError as err:
-            raise TrustConfigError(f"verify key {entry!r} is neither 'ed25519:<64 hex>' nor a readable file: "
-                                   f"{err}") from err
+        data = _read_key_file(entry, f"{setting}: verify key file", " (a key is 'ed25519:<64 hex>' or a file of them)")
         keys.extend(_public_from_file(entry, data))
+        files += 1
+    if not keys:
+        held = " (its key files hold no key)" if files else ""
+        raise TrustConfigError(f"{setting} is set to {text[:80]!r}, which names no key{held}: give "
+                               "'ed25519:<64 hex>' keys or files of them (comma-separated), or unset it to check "
+                               "nothing")
     return tuple(keys)
 
 
-def _public_from_hex(entry: str) -> Ed25519PublicKey:
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+def _read_key_file(path: str, what: str, hint: str = "") -> bytes:
+    """The bytes of key file ``path``: a regular file of at most :data:`MAX_KEY_FILE_BYTES`, opened without
+    blocking (a FIFO never hangs the reader).  ``what`` names the setting for messages.
+
+    Raises:
+        TrustConfigError: it does not exist, is not a regular file, is larger, or cannot be read.
+    """
+    from cache_backends.bounded import read_regular
+    from precompile.errors import InputLimitError, NotRegularFileError
 
     try:
-        return Ed25519PublicKey.from_public_bytes(bytes.fromhex(entry[len(PUBLIC_PREFIX):]))
+        return read_regular(Path(path).expanduser(), MAX_KEY_FILE_BYTES, what)
+    except FileNotFoundError as err:
+        raise TrustConfigError(f"{what} {path!r} does not exist{hint}") from err
+    except (NotRegularFileError, InputLimitError) as err:  # their messages name the file
+        raise TrustConfigError(str(err)) from err
+    except OSError as err:  # EACCES, EIO...
+        raise TrustConfigError(f"{what} {path!r} cannot be read: {err.strerror or err}") from err
+
+
+def _public_from_text(text: str, where: str) -> Ed25519PublicKey:
+    """The public key ``ed25519:<64 hex>`` (exactly that, nothing around it).
+
+    Raises:
+        TrustConfigError: ``text`` is anything else, or not a valid Ed25519 public key.
+    """
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+    if not _PUBLIC_TEXT.fullmatch(text):
+        raise TrustConfigError(f"{where} is not 'ed25519:' followed by exactly 64 hex characters")
+    try:
+        return Ed25519PublicKey.from_public_bytes(bytes.fromhex(text[len(PUBLIC_PREFIX):]))
     except ValueError as err:
-        raise TrustConfigError(f"verify key {entry[:24]!r}... is not 'ed25519:' and 64 hex characters") from err
+        raise TrustConfigError(f"{where} is not a valid Ed25519 public key: {err}") from err
 
 
 def _public_from_file(path: str, data: bytes) -> list[Ed25519PublicKey]:
+    """The keys of a key file's bytes: one PEM public key, or ``ed25519:<64 hex>`` lines.
+
+    Raises:
+        TrustConfigError: the PEM key does not load or is not Ed25519, or a line is not blank, a comment or
+            exactly one key (the message names the file and the line).
+    """
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
     from cryptography.hazmat.primitives.serialization import load_pem_public_key
 
     if b"-----BEGIN" in data:
         try:
             key = load_pem_public_key(data)
-        except ValueError as err:
+        except (ValueError, TypeError) as err:
             raise TrustConfigError(f"verify key file {path} holds no readable PEM public key: {err}") from err
         if not isinstance(key, Ed25519PublicKey):
             raise TrustConfigError(f"verify key file {path} holds a {type(key).__name__}, not an Ed25519 key")
         return [key]
-    lines = [line.strip() for line in data.decode("ascii", "replace").splitlines()]
-    return [_public_from_hex(line) for line in lines if line and not line.startswith("#")]
+    keys = []
+    for number, line in enumerate(data.decode("ascii", "replace").splitlines(), 1):
+        line = line.strip()
+        if line and not line.startswith("#"):
+            keys.append(_public_from_text(line, f"verify key file {path}, line {number}"))
+    return keys
 
 
 @functools.lru_cache(maxsize=8)
 def load_signing_key(path: str) -> Ed25519PrivateKey:
     """The Ed25519 private key in PEM file ``path`` (PKCS#8, unencrypted: ``openssl genpkey -algorithm ed25519``
-    or :func:`generate_key`).  Read once per path.
+    or :func:`generate_key`).  Read once per path, as :func:`parse_verify_keys` reads key files (a regular file of
+    at most :data:`MAX_KEY_FILE_BYTES`, opened without blocking).
 
     Raises:
-        TrustConfigError: the file cannot be read or holds no unencrypted Ed25519 private key.
+        TrustConfigError: ``path`` is empty, or the file cannot be read or holds no unencrypted Ed25519 private key.
     """
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
     from cryptography.hazmat.primitives.serialization import load_pem_private_key
 
+    if not path.strip():
+        raise TrustConfigError(f"signing key path {path!r} is empty: give a PEM private key's path, or leave the "
+                               "setting out to sign nothing")
+    data = _read_key_file(path, "signing key")
     try:
-        key = load_pem_private_key(Path(path).expanduser().read_bytes(), password=None)
-    except (OSError, ValueError, TypeError) as err:
+        key = load_pem_private_key(data, password=None)
+    except (ValueError, TypeError) as err:
         raise TrustConfigError(f"signing key {path} cannot be read as an unencrypted PEM private key: {err}") from err
     if not isinstance(key, Ed25519PrivateKey):
         raise TrustConfigError(f"signing key {path} is a {type(key).__name__}, not an Ed25519 key")
@@ -268,17 +328,23 @@ def signed_message(doc: dict[str, Any]) -> bytes:
 
 def policy(cache: Cache | None = None) -> Policy:
     """The policy of a load or store: the environment's keys (:mod:`precompile.config`) plus those of ``cache``'s
-    URL (``verify_keys=``, ``signing_key=``).
+    URL (``verify_keys=``, ``signing_key=``, checked when the cache was opened).
 
     Raises:
-        TrustConfigError: a configured key cannot be read.
+        TrustConfigError: a configured key cannot be read, or a setting that is given names no key
+            (``PRECOMPILE_VERIFY_KEYS=","``, an empty key file, a blank ``PRECOMPILE_SIGNING_KEY``): verification is
+            never turned off by a setting that looks like one.
     """
-    texts = [config.verify_keys_text(), ",".join(getattr(cache, "verify_keys", ()) or ())]
     verify: list[Ed25519PublicKey] = []
-    for text in texts:
-        verify.extend(parse_verify_keys(text))
-    signer_path = getattr(cache, "signing_key", None) or config.signing_key_path()
-    return Policy(tuple(verify), load_signing_key(signer_path) if signer_path else None)
+    env_text = config.verify_keys_text()
+    if env_text is not None:
+        verify.extend(parse_verify_keys(env_text, "PRECOMPILE_VERIFY_KEYS"))
+    url_keys = ",".join(getattr(cache, "verify_keys", ()) or ())
+    if url_keys:
+        verify.extend(parse_verify_keys(url_keys, "verify_keys= of the cache URL"))
+    env_signer = config.signing_key_path()  # first: a blank PRECOMPILE_SIGNING_KEY is an error whatever the URL says
+    signer_path = getattr(cache, "signing_key", None) or env_signer
+    return Policy(tuple(verify), load_signing_key(signer_path) if signer_path is not None else None)
 
 
 def note_refused(verdict: Verdict, what: str) -> dict[str, int]:
@@ -291,16 +357,30 @@ def note_refused(verdict: Verdict, what: str) -> dict[str, int]:
 
 
 def describe(doc: dict[str, Any], pol: Policy | None = None) -> str:
-    """One line for ``precompile inspect``: who signed the manifest and whether that verifies here."""
+    """One line for ``precompile inspect``: who signed the manifest and whether that verifies here.  Every value
+    read from the manifest is shown as ``repr`` text (it is cache content: print the line with markup off).
+
+    Raises:
+        TrustConfigError: ``pol`` is None and the configured keys cannot be read (as :func:`policy`): a key setting
+            that is wrong is an error here too, never "not checked".
+    """
+    pol = pol or policy()
     sig = doc.get("signature")
-    if not isinstance(sig, dict):
+    if sig is None:
         return "signature: none (unsigned)"
-    head = f"signature: {sig.get('alg')} key {sig.get('key_id')} ({sig.get('public_key')})"
-    try:
-        pol = pol or policy()
-    except TrustConfigError as err:
-        return f"{head}; not checked: {err}"
+    if not isinstance(sig, dict):
+        head = f"signature: malformed ({type(sig).__name__})"
+    else:
+        head = (f"signature: {_shown(sig.get('alg'))} key {_shown(sig.get('key_id'))} "
+                f"({_shown(sig.get('public_key'))})")
     if not pol.required:
         return f"{head}; not checked (no verify key configured)"
     verdict = pol.check(doc)
     return f"{head}; {'verified' if verdict.ok else 'REFUSED: ' + verdict.detail}"
+
+
+def _shown(value: Any) -> str:
+    """A stored value for one line of text: a plain string as is (at most 100 characters), anything else as its
+    ``repr`` (bounded too)."""
+    text = value if isinstance(value, str) else repr(value)
+    return text if len(text) <= 100 else text[:97] + "..."

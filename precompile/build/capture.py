@@ -80,14 +80,14 @@ class Backend:
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]):
         from precompile.build.standalone import standalone_compile
-        from precompile.errors import InputMismatchError, OptionsError, PrecompileError
+        from precompile.errors import ConfigError, InputMismatchError, OptionsError, PrecompileError
 
         start = time.perf_counter()
         try:
             mode = self.dynamic_shapes or _mode_for(gm, example_inputs)
             art = standalone_compile(gm, example_inputs, dynamic_shapes=mode, options=self.options, cache=self.cache)
-        except (OptionsError, InputMismatchError):
-            raise  # the caller's mistake: the same with or without precompile
+        except (OptionsError, InputMismatchError, ConfigError):
+            raise  # the caller's mistake (a bad key setting among them): the same with or without precompile
         except PrecompileError as err:
             # a graph precompile cannot store (or an Inductor failure) must not break the user's torch.compile:
             # hand it to Inductor directly, uncached, as torch.compile's own backend would

@@ -1,8 +1,11 @@
-"""What every command shares: sizes in words, consoles, the ``--cache`` option, opening a cache."""
+"""What every command shares: sizes in words, consoles, tables and text that never read cache contents as markup,
+the ``--cache`` option, opening a cache."""
 
 from __future__ import annotations
 
+import functools
 import json
+import re
 import shutil
 from typing import Any
 
@@ -32,11 +35,46 @@ def console_err():
     return Console(stderr=True)
 
 
-def table(title: str, columns: list[str], right: tuple[str, ...] = ()):
-    """A rich table with ``columns`` (those in ``right`` right-aligned)."""
+#: Characters that could drive a terminal (C0 and C1 controls, DEL): shown escaped, never written as they are.
+_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def clean(text: str) -> str:
+    """``text`` with its control characters (but newlines and tabs) shown escaped (``\\x1b``): stored text
+    written to a terminal never drives it."""
+    return _CONTROLS.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
+def plain(value: Any, limit: int | None = None):
+    """``value`` (a string as is, anything else as ``str``) as rich text that is never read as markup or emoji
+    codes, control characters shown escaped (``\\x1b``), cut to ``limit`` characters: how stored text (cache
+    contents, an artifact's fields) is printed."""
+    from rich.text import Text
+
+    text = value if isinstance(value, str) else str(value)
+    if limit is not None and len(text) > limit:
+        text = text[:max(0, limit - 3)] + "..."
+    return Text(clean(text))
+
+
+@functools.lru_cache(maxsize=1)
+def _plain_table():
     from rich.table import Table
 
-    t = Table(title=title)
+    class PlainTable(Table):
+        """A rich table whose string cells are :func:`plain` text (they hold cache contents); cells that should
+        be styled are given as ``rich.text.Text``."""
+
+        def add_row(self, *renderables: Any, **kwargs: Any) -> None:
+            super().add_row(*(plain(r) if isinstance(r, str) else r for r in renderables), **kwargs)
+
+    return PlainTable
+
+
+def table(title: Any, columns: list[str], right: tuple[str, ...] = (), caption: str | None = None):
+    """A rich table with ``columns`` (those in ``right`` right-aligned) whose string cells and title are plain
+    text, never markup (:func:`plain`)."""
+    t = _plain_table()(title=plain(title) if isinstance(title, str) else title, caption=caption)
     for col in columns:
         t.add_column(col, justify="right" if col in right else "left")
     return t
@@ -57,11 +95,14 @@ def open_existing(url: str | None):
 
     Raises:
         CacheURLError: the URL is malformed.
+        TrustConfigError: a verify or signing key setting (the environment's or the URL's) is wrong or names no key.
         CacheUnavailableError: the directory does not exist, or a tier does not answer.
     """
     from cache_backends.registry import open_cache, probe
+    from precompile.artifact import trust
 
     cache = open_cache(url, create=False)
+    trust.policy(cache)  # a key setting that is wrong fails every command, before it reads anything
     probe(cache)
     return cache
 
@@ -71,11 +112,14 @@ def open_for_write(url: str | None):
 
     Raises:
         CacheURLError: the URL is malformed.
+        TrustConfigError: a verify or signing key setting (the environment's or the URL's) is wrong or names no key.
         CacheUnavailableError: a tier does not answer.
     """
     from cache_backends.registry import open_cache, probe
+    from precompile.artifact import trust
 
     cache = open_cache(url)
+    trust.policy(cache)
     probe(cache)
     return cache
 
@@ -85,5 +129,7 @@ def progress_bar(label: str, disable: bool = False, transient: bool = False):
     ``transient`` one is erased when it ends."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    return Progress(TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    TextColumn("{task.description}"), console=console_err(), disable=disable, transient=transient)
+    from rich.markup import escape
+
+    return Progress(TextColumn(f"[bold]{escape(label)}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    TextColumn("{task.description}", markup=False), console=console_err(), disable=disable, transient=transient)

@@ -7,13 +7,26 @@ from typing import Any
 
 import click
 
-from precompile.cli.common import cache_option, console, echo_json, open_existing, table
+from precompile.cli.common import cache_option, clean, console, echo_json, open_existing, plain, table
 from precompile.cli.group import main
+from precompile.errors import ArtifactFormatError
 
 
 def _value(v: Any) -> str:
     text = json.dumps(v, sort_keys=True) if not isinstance(v, str) else v
     return text if len(text) <= 70 else text[:67] + "..."
+
+
+def _checked(source: Any) -> Any:
+    """``source`` (a :class:`precompile.store.lookup.Source`) if its manifest is well formed.
+
+    Raises:
+        ArtifactFormatError: it is malformed (``inspect`` shows what it holds).
+    """
+    if source.problem is not None:
+        raise ArtifactFormatError(f"artifact {source.key} ({source.where}) is malformed: {source.problem}; "
+                                  "precompile inspect shows what it holds")
+    return source
 
 
 def _opener(cache_url: str | None):
@@ -41,11 +54,15 @@ def diff(a: str, b: str | None, cache_url: str | None, count: int, as_json: bool
 
     With A alone: the stored artifacts nearest to A, and why each is not A (what a process that computed A's key
     would have missed)."""
+    from rich.text import Text
+
+    from precompile.artifact import trust
     from precompile.store.diff import compare, nearest
     from precompile.store.lookup import open_target, stored_manifests
 
+    trust.policy()  # a wrong key setting fails before a path or a cache is read
     cache = _opener(cache_url)
-    left = open_target(a, cache)
+    left = _checked(open_target(a, cache))
     if b is None:
         names = [str(p.get("name", "")) for p in left.manifest.get("placeholders") or []]
         near = nearest(left.manifest.get("factors") or {}, stored_manifests(cache()), exclude=left.key, names=names,
@@ -54,7 +71,7 @@ def diff(a: str, b: str | None, cache_url: str | None, count: int, as_json: bool
             echo_json({"key": left.key, "where": left.where, "nearest": [n.to_dict() for n in near]})
             return
         con = console()
-        con.print(f"[bold]{left.key}[/] (from {left.where})")
+        con.print(Text.assemble((left.key, "bold"), " (from ", plain(left.where), ")"))
         if not near:
             con.print("the cache holds no other artifact to compare with")
         for n in near:
@@ -64,7 +81,7 @@ def diff(a: str, b: str | None, cache_url: str | None, count: int, as_json: bool
                 t.add_row(c.path, c.what, _value(c.a), _value(c.b))
             con.print(t)
         return
-    comparison = compare(left, open_target(b, cache))
+    comparison = compare(left, _checked(open_target(b, cache)))
     if as_json:
         echo_json(comparison.to_dict())
         return
@@ -72,8 +89,6 @@ def diff(a: str, b: str | None, cache_url: str | None, count: int, as_json: bool
     if comparison.pick_changes:
         pt = table(f"{len(comparison.pick_changes)} tuned op(s) picked differently (GEMM, convolution)",
                    ["op", comparison.a[:12], comparison.b[:12]])
-        from rich.text import Text
-
         for c in comparison.pick_changes:  # names and picks come from the manifests: text, never markup
             pt.add_row(Text(c.path.removeprefix("autotune.tuned ")), Text(_value(c.a)), Text(_value(c.b)))
         con.print(pt)
@@ -92,11 +107,11 @@ def diff(a: str, b: str | None, cache_url: str | None, count: int, as_json: bool
             ct.add_row(c.path.removeprefix("inductor_config."), _value(c.a), _value(c.b))
         con.print(ct)
     if comparison.graph_diff:
-        con.print("[bold]graph code diff[/]")
-        click.echo(comparison.graph_diff)
+        con.print(Text("graph code diff", style="bold"))
+        click.echo(clean(comparison.graph_diff))
     if comparison.wrapper_diff:
-        con.print("[bold]wrapper graph diff (node by node)[/]")
-        click.echo(comparison.wrapper_diff)
+        con.print(Text("wrapper graph diff (node by node)", style="bold"))
+        click.echo(clean(comparison.wrapper_diff))
 
 
 @main.command()
@@ -110,11 +125,13 @@ def explain(target: str, cache_url: str | None, from_url: str | None, as_json: b
     machine) is or would be a miss in the cache: whether its key is stored there and, if not, the closest stored
     artifact and the factors that differ.  PRECOMPILE_EXPLAIN=1 makes every miss of standalone_compile log the
     same line."""
+    from precompile.artifact import trust
     from precompile.store.diff import explain_miss, nearest
     from precompile.store.lookup import open_target, stored_manifests
 
+    trust.policy()  # a wrong key setting fails before a path or a cache is read
     cache = _opener(cache_url)
-    source = open_target(target, _opener(from_url) if from_url else cache)
+    source = _checked(open_target(target, _opener(from_url) if from_url else cache))
     stored = stored_manifests(cache())
     hit = any(k == source.key and m is not None for k, m in stored)
     names = [str(p.get("name", "")) for p in source.manifest.get("placeholders") or []]
@@ -128,4 +145,4 @@ def explain(target: str, cache_url: str | None, from_url: str | None, as_json: b
         echo_json({"key": source.key, "stored": hit, "explanation": line,
                    "closest": near[0].to_dict() if near else None})
         return
-    click.echo(line)
+    click.echo(clean(line))

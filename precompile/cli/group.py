@@ -1,5 +1,6 @@
 """The ``precompile`` command group: the options every command takes, and precompile's typed errors turned into
-one line on stderr and an exit status (2: a mistake in what was asked; 1: a cache or artifact that failed).
+one line on stderr and an exit status (2: a mistake in what was asked, a bad key setting or a path that cannot be
+an artifact among them; 1: a cache or artifact that failed).
 Each command module registers itself on :func:`main`; :mod:`precompile.cli` imports them all."""
 
 from __future__ import annotations
@@ -7,7 +8,7 @@ from __future__ import annotations
 import click
 
 from precompile.config import setup_logging
-from precompile.errors import CacheURLError, ConfigError, PrecompileError, RecipeError
+from precompile.errors import CacheURLError, ConfigError, NotAnArtifactPathError, PrecompileError, RecipeError
 
 
 class _Main(click.Group):
@@ -16,7 +17,7 @@ class _Main(click.Group):
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
-        except (CacheURLError, ConfigError, RecipeError) as err:
+        except (CacheURLError, ConfigError, RecipeError, NotAnArtifactPathError) as err:
             _fail(err, 2)
         except PrecompileError as err:
             _fail(err, 1)

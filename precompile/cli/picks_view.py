@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from precompile.cli.common import console
+from precompile.cli.common import console, plain, table
 
 #: Candidates shown per op; ``inspect --json`` has them all.
 SHOWN = 12
@@ -18,34 +18,27 @@ def show_tuned(tuned: Any, leftovers: Any = 0) -> None:
     ``tuned`` is the manifest's ``autotune.tuned`` list; anything not shaped like it is skipped (the manifest
     is data from a cache: its strings are printed as text, never as markup).
     """
-    from rich.markup import escape
-    from rich.table import Table
-    from rich.text import Text
-
     con = console()
     ops = [t for t in tuned if isinstance(t, dict)] if isinstance(tuned, list) else []
     if not ops:
         return
-    st = Table(title=f"tuned ops ({len(ops)}): the choice max_autotune took (times: Inductor's benchmark, ms)")
-    for col in ("#", "op", "inputs", "chosen", "kind", "ms", "by", "fastest extern ms", "candidates"):
-        st.add_column(col)
+    st = table(f"tuned ops ({len(ops)}): the choice max_autotune took (times: Inductor's benchmark, ms)",
+               ["#", "op", "inputs", "chosen", "kind", "ms", "by", "fastest extern ms", "candidates"])
     for i, op in enumerate(ops):
         cands = _candidates(op)
         chosen = next((c for c in cands if c.get("choice") == op.get("chosen")), {})
         extern = [c["ms"] for c in cands if c.get("kind") == "extern" and _is_ms(c.get("ms"))]
-        st.add_row(str(i), Text(str(op.get("op"))), Text(", ".join(map(str, _list(op.get("inputs"))))),
-                   Text(str(op.get("chosen"))), Text(str(chosen.get("kind", "-"))), _ms(chosen.get("ms")),
-                   Text(str(op.get("by", "-"))), _ms(min(extern)) if extern else "-",
+        st.add_row(str(i), plain(str(op.get("op"))), plain(", ".join(map(str, _list(op.get("inputs"))))),
+                   plain(str(op.get("chosen"))), plain(str(chosen.get("kind", "-"))), _ms(chosen.get("ms")),
+                   plain(str(op.get("by", "-"))), _ms(min(extern)) if extern else "-",
                    str(len(cands) + _more(op)))
     con.print(st)
     for i, op in enumerate(ops):
         cands = _candidates(op)
-        ct = Table(title=f"#{i} {escape(str(op.get('op')))}: candidates, fastest first")
-        for col in ("choice", "kind", "config", "ms", ""):
-            ct.add_column(col)
+        ct = table(f"#{i} {op.get('op')}: candidates, fastest first", ["choice", "kind", "config", "ms", ""])
         for c in cands[:SHOWN]:
-            ct.add_row(Text(str(c.get("choice"))), Text(str(c.get("kind"))),
-                       Text(json.dumps(c.get("config") or {}, sort_keys=True)), _ms(c.get("ms")),
+            ct.add_row(plain(str(c.get("choice"))), plain(str(c.get("kind"))),
+                       plain(json.dumps(c.get("config") or {}, sort_keys=True)), _ms(c.get("ms")),
                        "chosen" if c.get("choice") == op.get("chosen") else "")
         con.print(ct)
         more = len(cands) - SHOWN + _more(op)

@@ -3,10 +3,12 @@ table (launch records of :mod:`precompile.inductor.cuda_runtime`)."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from precompile.cli.common import console
+from precompile.cli.common import console, plain, table
+
+#: Largest stored wrapper graph parsed for display, bytes (100,000 nodes of bounded size fit well under it).
+MAX_GRAPH_BYTES = 64 << 20
 
 
 def show_wrapper_graph(source: Any, m: dict[str, Any]) -> None:
@@ -17,28 +19,26 @@ def show_wrapper_graph(source: Any, m: dict[str, Any]) -> None:
         click.ClickException: a stored part is refused by its checks.
     """
     import click
-    from rich.table import Table
-    from rich.text import Text
 
+    from cache_backends.bounded import loads_json
     from precompile.artifact.wrapper_text import describe
     from precompile.inductor.cuda_runtime import read_launch
 
     con = console()
     part = (m.get("parts") or {}).get("wrapper_graph")
     if not part:
-        con.print(Text(f"no wrapper graph: {(m.get('build') or {}).get('host_code') or 'a Python wrapper'}"))
+        con.print(plain(f"no wrapper graph: {(m.get('build') or {}).get('host_code') or 'a Python wrapper'}"))
         return
     try:
-        data = json.loads(source.part_text(part["graph"]) or "null")
+        data = loads_json(source.part_text(part["graph"]) or "null", MAX_GRAPH_BYTES, "the stored wrapper graph")
         text = describe(data)
         records = {i: read_launch(source.read(d) or b"", i)[0] for i, d in sorted(part["kernels"].items())}
     except (ValueError, RecursionError) as err:
         raise click.ClickException(f"the stored wrapper graph is refused: {err}") from err
-    con.print(Text(text))
-    kt = Table(title=f"kernels ({len(records)}): launched from their cubins by torch's static launcher")
-    for col in ("kernel_idx", "name", "arguments to the cubin", "type codes", "warps", "shared bytes"):
-        kt.add_column(col)
+    con.print(plain(text))
+    kt = table(f"kernels ({len(records)}): launched from their cubins by torch's static launcher",
+               ["kernel_idx", "name", "arguments to the cubin", "type codes", "warps", "shared bytes"])
     for i, r in records.items():
-        kt.add_row(i, Text(r["name"]), Text(", ".join(r["passed"])), Text(r["arg_tys"]), str(r["num_warps"]),
+        kt.add_row(str(i), str(r["name"]), ", ".join(map(str, r["passed"])), str(r["arg_tys"]), str(r["num_warps"]),
                    str(r["shared"]))
     con.print(kt)

@@ -161,13 +161,13 @@ class PrecompileAdaptor(_interface_base()):  # type: ignore[misc]
         t0 = time.perf_counter()
         rng = _range(compile_range)
         cpu = all(x.device.type == "cpu" for x in example_inputs if isinstance(x, torch.Tensor))
-        from precompile.errors import InputMismatchError, OptionsError, PrecompileError
+        from precompile.errors import ConfigError, InputMismatchError, OptionsError, PrecompileError
 
         try:
             with _vllm_compile_context(compiler_config, rng, drop=CPU_DROPPED if cpu else ()) as (options, extra):
                 art = self._get(graph, example_inputs, options, rng, extra, runnable=not cpu)
-        except (OptionsError, InputMismatchError):
-            raise  # the configuration's mistake: the same with or without precompile
+        except (OptionsError, InputMismatchError, ConfigError):
+            raise  # the configuration's mistake (a bad key setting among them): the same with or without precompile
         except PrecompileError as err:
             fallback = self._fallback(err)
             if fallback is None:

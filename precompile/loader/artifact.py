@@ -317,6 +317,7 @@ class Artifact:
             FileNotFoundError: the directory ``path`` is in does not exist (``"binary"``; ``"unpacked"`` creates it).
             UnsafePathError: (``"unpacked"``) a kernel, wrapper or binary name would be written outside ``path``.
             ArtifactNotFoundError: a part of the artifact could not be read to write it.
+            TrustConfigError: a signing or verify key setting is wrong or names no key (nothing is written).
             OSError: the file system refused the write.
         """
         from precompile.artifact import formats, trust

@@ -15,7 +15,11 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from cache_backends.bounded import loads_json
 from precompile.store.lookup import Source
+
+#: Largest stored JSON part (Inductor config, wrapper graph) parsed for a diff, bytes; a larger one is not diffed.
+MAX_PART_JSON_BYTES = 64 << 20
 
 #: Factors in the order they are shown; any other factor follows, sorted.
 FACTOR_ORDER = ("format", "graph", "inputs", "symbols", "options", "inductor_config", "ambient", "env",
@@ -176,8 +180,8 @@ def compare(a: Source, b: Source, *, context: int = 2) -> Comparison:
         for s in (a, b):
             text = s.part_text(_part(s.manifest, "inductor_config"))
             try:
-                cfg.append(json.loads(text) if text else None)
-            except ValueError:
+                cfg.append(loads_json(text, MAX_PART_JSON_BYTES, "Inductor config") if text else None)
+            except ValueError:  # not JSON, or past the bounds
                 cfg.append(None)
         if isinstance(cfg[0], dict) and isinstance(cfg[1], dict):
             for name in sorted(set(cfg[0]) | set(cfg[1])):
@@ -201,7 +205,7 @@ def _wrapper_diff(a: Source, b: Source, context: int) -> str:
         if raw is None:
             return ""
         try:
-            texts.append(describe(json.loads(raw)))
+            texts.append(describe(loads_json(raw, MAX_PART_JSON_BYTES, "wrapper graph")))
         except (ValueError, RecursionError):
             return ""
     if texts[0] == texts[1]:

@@ -51,7 +51,7 @@ def load(path_or_key: str | os.PathLike[str], *, cache: str | Cache | None = Non
         UnsafePathError: (an ArtifactFormatError) a name in the manifest or ``index.json`` would be an unsafe path.
         UntrustedArtifactError: verify keys are configured and the file's manifest is not signed by one of them.
         EnvironmentMismatchError: the artifact was built for another torch/CPU ISA/GPU.
-        TrustConfigError: a configured key cannot be read.
+        TrustConfigError: (a ConfigError) a configured key cannot be read, or a key setting names no key.
     """
     start = time.perf_counter()
     text = os.fspath(path_or_key)
@@ -88,8 +88,10 @@ def _load_path(p: Path) -> Artifact:
     from precompile.artifact import formats, trust
     from precompile.errors import UntrustedArtifactError
 
+    policy = trust.policy()  # a wrong key setting fails before the file is read
+
     def refuse_untrusted(manifest: Manifest) -> None:  # before any part of the file is read
-        verdict = trust.policy().check(manifest.to_dict())
+        verdict = policy.check(manifest.to_dict())
         if not verdict.ok:
             trust.note_refused(verdict, f"artifact {p}")
             raise UntrustedArtifactError(f"artifact {p} is refused: {verdict.detail}; nothing of it was run. Load "

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,12 +16,15 @@ from typing import Any
 
 from cache_backends.base import MISS, Cache
 from cache_backends.bounded import MAX_BLOB_BYTES, MAX_MANIFEST_BYTES, loads_json
-from precompile.errors import AmbiguousKeyError, ArtifactNotFoundError
+from precompile.errors import AmbiguousKeyError, ArtifactFormatError, ArtifactNotFoundError, NotAnArtifactPathError
 
 #: Fewest hex characters a key prefix must have.
 MIN_PREFIX = 6
 #: Matches listed in the message of an ambiguous prefix.
 SHOW_MATCHES = 10
+
+#: Largest manifest these lookups parse, bytes (far above any real manifest; a larger one is malformed).
+MAX_MANIFEST_BYTES = 16 << 20
 
 _HEX = re.compile(r"^[0-9a-f]+$")
 
@@ -64,12 +68,14 @@ class Source:
         manifest: the manifest as parsed JSON.
         where: ``"<cache url> ref <key>"`` or the path.
         read: ``read(digest) -> bytes or None`` (verified by the cache or the file reader).
+        problem: why the manifest is malformed (:func:`problem`), or None when it is well formed.
     """
 
     key: str
     manifest: dict[str, Any]
     where: str
     read: Callable[[str], bytes | None]
+    problem: str | None = None
 
     def part_text(self, digest: str | None) -> str | None:
         """A part's bytes decoded as UTF-8, or None when absent."""
@@ -77,11 +83,52 @@ class Source:
         return data.decode("utf-8", "replace") if data is not None else None
 
 
-def stored_manifest(cache: Cache, key: str) -> dict[str, Any]:
-    """The manifest stored under ``key`` (parsed JSON, not checked further).
+def parse_manifest(raw: bytes, what: str) -> dict[str, Any]:
+    """A stored manifest's bytes parsed as a JSON object, bounded (:data:`MAX_MANIFEST_BYTES`, and the depth of
+    :func:`cache_backends.bounded.loads_json`).  Its structure is not checked (see :func:`problem`).
 
     Raises:
-        ArtifactNotFoundError: no ref, or its manifest blob is missing, damaged or not JSON.
+        ArtifactFormatError: larger or deeper than the bounds, not UTF-8 JSON, or not a JSON object.
+    """
+    try:
+        doc = loads_json(raw, MAX_MANIFEST_BYTES, what)
+    except ValueError as err:  # InputLimitError, JSONDecodeError, UnicodeDecodeError
+        raise ArtifactFormatError(f"{what} is not a readable JSON manifest: {err}") from err
+    if not isinstance(doc, dict):
+        raise ArtifactFormatError(f"{what} is not a JSON object ({type(doc).__name__})")
+    return doc
+
+
+def problem(doc: Any) -> str | None:
+    """Why a parsed manifest is malformed, in a sentence, or None when it is well formed: a graph manifest, a
+    whole-function manifest or a record (by its ``kind``), checked as a load checks it, and each placeholder an
+    object with a string ``name`` and ``kind`` (what every listing reads).  Never raises."""
+    from precompile.artifact.function_manifest import FunctionManifest
+    from precompile.artifact.manifest import Manifest
+    from precompile.artifact.record_manifest import RecordManifest
+
+    if not isinstance(doc, dict):
+        return f"the manifest is not a JSON object ({type(doc).__name__})"
+    kind = doc.get("kind")
+    parse = Manifest.from_dict if kind is None else RecordManifest.from_dict if kind == "record" \
+        else FunctionManifest.from_dict
+    try:
+        parse(doc)
+    except ArtifactFormatError as err:  # UnsafePathError too
+        return str(err)
+    if kind is None:
+        for i, p in enumerate(doc["placeholders"]):
+            if not (isinstance(p, dict) and isinstance(p.get("name"), str) and isinstance(p.get("kind"), str)):
+                return f"manifest field placeholders[{i}] is not a placeholder (an object with a name and a kind)"
+    return None
+
+
+def stored_manifest(cache: Cache, key: str) -> dict[str, Any]:
+    """The manifest stored under ``key`` (parsed JSON, bounded; its structure is not checked: see :func:`problem`).
+
+    Raises:
+        ArtifactNotFoundError: no ref, or its manifest blob is missing or damaged.
+        ArtifactFormatError: the manifest is not a JSON object, or is larger or deeper than the bounds.
         CacheUnavailableError: the cache cannot be read.
     """
     digest = cache.get_ref(key)
@@ -91,13 +138,7 @@ def stored_manifest(cache: Cache, key: str) -> dict[str, Any]:
             raise ArtifactNotFoundError(f"no artifact {key} in {cache.url}")
         raise ArtifactNotFoundError(f"the manifest of artifact {key} is missing, corrupt or over {MAX_MANIFEST_BYTES} "
                                     f"bytes in {cache.url}")
-    try:
-        doc = loads_json(raw, MAX_MANIFEST_BYTES, "manifest")
-    except (ValueError, UnicodeDecodeError) as err:  # InputLimitError (too deep) is a ValueError
-        raise ArtifactNotFoundError(f"the manifest of {key} in {cache.url} is not JSON: {err}") from err
-    if not isinstance(doc, dict):
-        raise ArtifactNotFoundError(f"the manifest of {key} in {cache.url} is not a JSON object")
-    return doc
+    return parse_manifest(raw, f"the manifest of {key} in {cache.url}")  # type: ignore[arg-type]
 
 
 def recorded_size(manifest: dict[str, Any], digest: str) -> int:
@@ -109,10 +150,12 @@ def recorded_size(manifest: dict[str, Any], digest: str) -> int:
 
 
 def from_cache(cache: Cache, text: str) -> Source:
-    """The artifact ``text`` (a key or unique prefix) names in ``cache``.
+    """The artifact ``text`` (a key or unique prefix) names in ``cache``; a malformed manifest is returned too,
+    with its :attr:`Source.problem`.
 
     Raises:
-        ArtifactNotFoundError / AmbiguousKeyError: as :func:`resolve_key` and :func:`stored_manifest`.
+        ArtifactNotFoundError / AmbiguousKeyError / ArtifactFormatError: as :func:`resolve_key` and
+            :func:`stored_manifest`.
     """
     key = resolve_key(cache, text)
     manifest = stored_manifest(cache, key)
@@ -121,26 +164,39 @@ def from_cache(cache: Cache, text: str) -> Source:
         got = cache.get_blob(digest, recorded_size(manifest, digest))
         return None if got is MISS else got  # type: ignore[return-value]
 
-    return Source(key, manifest, f"{cache.url} ref {key}", read)
+    return Source(key, manifest, f"{cache.url} ref {key}", read, problem(manifest))
 
 
 def from_path(path: str | os.PathLike[str]) -> Source | None:
     """The artifact saved at ``path`` (a ``.pc`` file or an unpacked directory), or None if nothing is there.
 
     Raises:
-        ArtifactFormatError: something is there but it is not an intact artifact.
-        NotRegularFileError: it is a FIFO, a device or a socket (nothing is read from it).
+        NotAnArtifactPathError: something is there that cannot be an artifact (a FIFO, a device, a socket, a
+            directory without ``manifest.json``, a file that cannot be read, such as ``/proc/self/mem``); nothing
+            is read from a FIFO or a device.
+        ArtifactFormatError: it may be an artifact but it is not an intact one.
         InputLimitError: its manifest or a part is larger than the format or the manifest allows.
     """
     from precompile.artifact import formats
 
     p = Path(path)
-    if p.is_dir():
-        manifest, blobs = formats.read_unpacked(p)
-    elif os.path.exists(p):  # a FIFO, a device: read_binary refuses it unread (NotRegularFileError)
-        manifest, blobs = formats.read_binary(p)
-    else:
+    try:
+        mode = p.stat().st_mode
+    except FileNotFoundError:
         return None
+    except OSError as err:
+        raise NotAnArtifactPathError(f"{p} cannot be examined: {err.strerror or err}") from err
+    if stat.S_ISDIR(mode) and not (p / "manifest.json").exists():
+        raise NotAnArtifactPathError(f"{p} is a directory without manifest.json: not an unpacked precompile artifact")
+    if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
+        raise NotAnArtifactPathError(f"{p} is not a regular file or a directory, so not a precompile artifact; "
+                                     "nothing was read from it")
+    try:
+        manifest, blobs = formats.read_unpacked(p) if stat.S_ISDIR(mode) else formats.read_binary(p)
+    except ArtifactFormatError:  # NotAnArtifactPathError too
+        raise
+    except OSError as err:  # EIO from /proc/self/mem, EACCES...: nothing an artifact can be read from
+        raise NotAnArtifactPathError(f"{p} cannot be read as a precompile artifact: {err.strerror or err}") from err
     return Source(manifest.key, manifest.to_dict(), str(p), blobs.get)
 
 
@@ -149,6 +205,7 @@ def open_target(target: str, cache: Cache | Callable[[], Cache]) -> Source:
     path needs no cache).
 
     Raises:
+        NotAnArtifactPathError: ``target`` is a path to something that cannot be an artifact.
         ArtifactFormatError: ``target`` is a path to something that is not an intact artifact.
         ArtifactNotFoundError / AmbiguousKeyError: as :func:`from_cache`.
     """
@@ -161,27 +218,56 @@ def open_target(target: str, cache: Cache | Callable[[], Cache]) -> Source:
     return from_cache(cache if isinstance(cache, Cache) else cache(), target)
 
 
-def stored_manifests(cache: Cache) -> list[tuple[str, dict[str, Any] | None]]:
-    """``(key, manifest or None)`` for every ref, sorted by key; None where the manifest is missing, damaged or
-    not a JSON object.
+@dataclass(frozen=True)
+class Entry:
+    """One stored ref as a listing sees it.
+
+    Attributes:
+        key: the ref's key.
+        manifest: its manifest (parsed JSON), or None when it could not be read or parsed.
+        problem: None for a well-formed manifest, else why not: missing or damaged, not JSON, or malformed
+            (:func:`problem`).
+    """
+
+    key: str
+    manifest: dict[str, Any] | None
+    problem: str | None
+
+
+def stored_entries(cache: Cache) -> list[Entry]:
+    """Every ref of ``cache`` with its manifest and whether it is well formed, sorted by key.  One malformed
+    entry never hides the others.
 
     Raises:
         CacheUnavailableError: the cache cannot be listed or read.
     """
     refs = sorted(cache.iter_refs())
     blobs = cache.get_blobs(list(dict.fromkeys(d for _, d in refs)), MAX_MANIFEST_BYTES)
-    out: list[tuple[str, dict[str, Any] | None]] = []
+    out: list[Entry] = []
     for key, digest in refs:
         raw = blobs.get(digest, MISS)
-        doc = None
-        if raw is not MISS:
-            try:
-                doc = loads_json(raw, MAX_MANIFEST_BYTES, "manifest")  # type: ignore[arg-type]
-            except (ValueError, UnicodeDecodeError):  # InputLimitError (too deep) is a ValueError
-                doc = None
-        out.append((key, doc if isinstance(doc, dict) else None))
+        if raw is MISS:
+            out.append(Entry(key, None, "manifest missing, corrupt or over its size bound"))
+            continue
+        try:
+            doc = parse_manifest(raw, "manifest")  # type: ignore[arg-type]
+        except ArtifactFormatError as err:
+            out.append(Entry(key, None, str(err)))
+            continue
+        out.append(Entry(key, doc, problem(doc)))
     return out
 
 
-__all__ = ["MIN_PREFIX", "Source", "from_cache", "from_path", "is_key_prefix", "open_target", "resolve_key",
-           "stored_manifest", "stored_manifests"]
+def stored_manifests(cache: Cache) -> list[tuple[str, dict[str, Any] | None]]:
+    """``(key, manifest or None)`` for every ref, sorted by key; None where the manifest is missing, damaged,
+    not a JSON object or malformed (:func:`stored_entries` says why), so that callers only meet well-formed ones.
+
+    Raises:
+        CacheUnavailableError: the cache cannot be listed or read.
+    """
+    return [(e.key, e.manifest if e.problem is None else None) for e in stored_entries(cache)]
+
+
+__all__ = ["MAX_MANIFEST_BYTES", "MIN_PREFIX", "Entry", "Source", "from_cache", "from_path", "is_key_prefix",
+           "open_target", "parse_manifest", "problem", "resolve_key", "stored_entries", "stored_manifest",
+           "stored_manifests"]
