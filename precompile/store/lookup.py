@@ -23,9 +23,6 @@ MIN_PREFIX = 6
 #: Matches listed in the message of an ambiguous prefix.
 SHOW_MATCHES = 10
 
-#: Largest manifest these lookups parse, bytes (far above any real manifest; a larger one is malformed).
-MAX_MANIFEST_BYTES = 16 << 20
-
 _HEX = re.compile(r"^[0-9a-f]+$")
 
 
