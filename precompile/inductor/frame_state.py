@@ -31,6 +31,7 @@ installs it in the loading process.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import inspect
@@ -65,6 +66,11 @@ def unpickle_object(cls: type, state: dict[str, Any]) -> Any:
     return obj
 
 
+def make_dataclass(cls: type, fields: dict[str, Any]) -> Any:
+    """``cls(**fields)``: a Dynamo source rebuilt from the fields its constructor takes."""
+    return cls(**fields)
+
+
 def make_cell(value: Any) -> types.CellType:
     """A closure cell holding ``value``."""
     return types.CellType(value)
@@ -75,12 +81,18 @@ def pickler_class() -> type:
     """torch's ``GuardsStatePickler`` with the two reductions of the module docstring added."""
     import torch
     from torch._dynamo.guards import GuardsStatePickler, _Missing
+    from torch._guards import Source
 
     class Pickler(GuardsStatePickler):  # type: ignore[misc, valid-type]
         def reducer_override(self, obj: Any) -> Any:
             path = named_guards.path_for(obj)
             if path is not None:  # an object an identity guard checks: the loading process's object of that name
                 return named_guards.resolve, (path,)
+            if isinstance(obj, Source) and dataclasses.is_dataclass(obj):
+                # by the fields its constructor takes: torch 2.11 pickles every field, init=False ones too
+                # (DefaultsSource), and its unpickling then fails with "takes from 3 to 4 positional arguments"
+                return make_dataclass, (type(obj), {f.name: getattr(obj, f.name)
+                                                    for f in dataclasses.fields(obj) if f.init})
             if id(obj) not in self.missing_values and id(obj) not in self.empty_values:
                 if inspect.isfunction(obj) and _unreachable_by_name(obj):
                     return self._function_by_value(obj)

@@ -44,7 +44,8 @@ def test_inspect_of_a_fifo_or_a_device_is_one_error_line(tmp_path):
     os.mkfifo(tmp_path / "a.pc")
     for path in (str(tmp_path / "a.pc"), "/dev/zero"):
         proc = timed_cli("inspect", path, "--cache", str(tmp_path / "c"))
-        assert proc.returncode == 1 and "not a regular file" in error_line(proc)
+        # not an artifact at all: the caller's mistake (exit 2, as a bad argument), never a hang or a traceback
+        assert proc.returncode == 2 and "not a regular file" in error_line(proc)
 
 
 def test_ls_and_verify_of_a_cache_with_fifo_entries_list_the_rest(artifacts, cache_copy):
