@@ -29,7 +29,7 @@ from precompile import config, metrics
 from precompile._version import __version__
 from precompile.artifact.function_manifest import MAX_TEXT, FunctionManifest
 from precompile.function import key as fkey
-from precompile.function import sources, store
+from precompile.function import modes, sources, store
 from precompile.metrics import safe_incr
 
 log = logging.getLogger("precompile")
@@ -59,10 +59,11 @@ class CompiledFunction:
 
     def __init__(self, fn: Callable[..., Any] | torch.nn.Module, *, dynamic: bool | None = None,
                  fullgraph: bool = False, options: dict[str, Any] | None = None,
-                 cache: str | Cache | None = None) -> None:
+                 cache: str | Cache | None = None, mode: str | None = None) -> None:
         self.original = fn
         self._target = fn.forward if isinstance(fn, torch.nn.Module) else fn
-        self._dynamic, self._fullgraph, self._options = dynamic, fullgraph, dict(options or {})
+        self._dynamic, self._fullgraph, self._mode = dynamic, fullgraph, mode
+        self._options, self._cudagraphs = modes.resolve(mode, options)
         self._cache_arg = cache
         self._cache: Cache | None = None
         self._graph_backend: Any = None
@@ -107,6 +108,7 @@ class CompiledFunction:
         config.engine_mode()
         self._factors = fkey.function_factors(self._target, args, kwargs, dynamic=self._dynamic,
                                               fullgraph=self._fullgraph, options=self._options)
+        self._factors["cudagraphs"] = self._cudagraphs  # mode="reduce-overhead": the same graphs, replayed
         self.key = fkey.function_key(self._factors)
         try:
             self._cache = open_cache(self._cache_arg)
@@ -165,7 +167,7 @@ class CompiledFunction:
                 art.engine  # build the callable now: a graph that does not load is a miss, not a failed call
             except Exception as err:  # noqa: BLE001 - a stored graph that does not load is rebuilt
                 return self._miss(f"graph artifact {gkey[:12]} does not load ({type(err).__name__}: {err})", "load_failed")
-            loaded[name] = art
+            loaded[name] = modes.wrap(art, self._cudagraphs, name)
             safe_incr(self._cache, hits=1)  # a graph artifact read from the cache serves this lookup
             records.append(GraphRecord(index=len(records), key=gkey, outcome="hit",
                                        seconds=time.perf_counter() - started,
@@ -189,7 +191,7 @@ class CompiledFunction:
         self.graphs = dict(m.graphs)
         self.records = records
         self._frames = list(m.frames)
-        self._run = dynamo_pkg.optimize(self._target, self._on_graph, package, dynamic=self._dynamic,
+        self._run = dynamo_pkg.optimize(self._called(), self._on_graph, package, dynamic=self._dynamic,
                                         fullgraph=self._fullgraph, guard_export=self._on_guards)
         return True
 
@@ -215,13 +217,19 @@ class CompiledFunction:
         backend = self._graph_backend_for()
         compiled = backend(gm, example_inputs)
         self.records = list(backend.records)
+        wrapped = modes.wrap(compiled, self._cudagraphs, name)
         key = getattr(compiled, "key", None)
         if isinstance(key, str):
             self.graphs[name] = key
         else:  # the graph backend compiled it uncached: the function cannot be stored whole
             self._uncacheable.append(name)
         self._new_graphs += 1
-        return compiled
+        return wrapped
+
+    def _called(self) -> Any:
+        """What Dynamo runs: a module itself (its ``__call__``: forward pre-hooks and hooks run around the traced
+        forward, as under ``torch.compile(module)``), else the function."""
+        return self.original if isinstance(self.original, torch.nn.Module) else self._target
 
     def _on_guards(self, guards: Any) -> None:
         texts = sorted(f"{g.create_fn_name()} {g.name}"[:MAX_TEXT] for g in guards)
@@ -234,7 +242,7 @@ class CompiledFunction:
             log.warning("function %s %s: %s", _name(self._target), (self.key or "")[:12],
                         self.miss_reason or self._nearest())
         self._package = dynamo_pkg.new_package(self._target)
-        self._run = dynamo_pkg.optimize(self._target, self._on_graph, self._package, dynamic=self._dynamic,
+        self._run = dynamo_pkg.optimize(self._called(), self._on_graph, self._package, dynamic=self._dynamic,
                                         fullgraph=self._fullgraph, guard_export=self._on_guards)
         start = time.perf_counter()
         traced = dynamo_pkg.frames_traced()
@@ -320,19 +328,23 @@ def _name(fn: Any) -> str:
 
 def compile(model_or_fn: Callable[..., Any] | torch.nn.Module | None = None, *, dynamic: bool | None = None,  # noqa: A001
             fullgraph: bool = False, options: dict[str, Any] | None = None,
-            cache: str | Cache | None = None) -> Any:
+            cache: str | Cache | None = None, mode: str | None = None) -> Any:
     """Compile a function or module through precompile's cache, at the function level: ``torch.compile``'s shape.
 
     Usable as ``precompile.compile(model)``, ``@precompile.compile`` and ``@precompile.compile(cache=...)``.
 
     Args:
-        model_or_fn: a function, a bound method, or an ``nn.Module`` (its ``forward`` is compiled; module hooks
-            are not run); None gives a decorator.
+        model_or_fn: a function, a bound method, or an ``nn.Module`` (called as a module: its forward pre-hooks
+            and hooks run around the compiled ``forward``, as under ``torch.compile(module)``); None gives a
+            decorator.
         dynamic: as ``torch.compile``'s: None (automatic dynamic shapes: static first, symbolic on a recompile),
             True (sizes symbolic from the start) or False (every size specialized, and part of the key).
         fullgraph: as ``torch.compile``'s: a graph break is an error.
         options: Inductor config patches (JSON values), e.g. ``{"max_autotune": True}``.
         cache: a cache URL or open cache (None: ``$PRECOMPILE_CACHE`` or the local default).
+        mode: as ``torch.compile``'s: None or ``"default"``, ``"reduce-overhead"`` (CUDA graphs replayed on a GPU),
+            ``"max-autotune"`` or ``"max-autotune-no-cudagraphs"`` (:mod:`precompile.function.modes`); ``options``
+            override what the mode sets.
 
     Returns:
         a :class:`CompiledFunction` (or a decorator making one).  Its first call looks the function up, then
@@ -342,9 +354,10 @@ def compile(model_or_fn: Callable[..., Any] | torch.nn.Module | None = None, *, 
         CacheURLError: (on the first call) ``cache`` is not a valid cache URL.
         ConfigError: (on the first call) a ``PRECOMPILE_*`` variable holds a bad value.
         TypeError: (on the first call) ``options`` holds a value JSON cannot carry.
+        ValueError: ``mode`` is not one of torch.compile's modes.
         Whatever ``torch.compile`` raises for the function (a graph break under ``fullgraph=True``, say).
     """
     def make(fn: Callable[..., Any] | torch.nn.Module) -> CompiledFunction:
-        return CompiledFunction(fn, dynamic=dynamic, fullgraph=fullgraph, options=options, cache=cache)
+        return CompiledFunction(fn, dynamic=dynamic, fullgraph=fullgraph, options=options, cache=cache, mode=mode)
 
     return make if model_or_fn is None else make(model_or_fn)

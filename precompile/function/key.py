@@ -6,7 +6,8 @@ What a call of a compiled function looks up depends on nothing Dynamo would have
 |---|---|
 | ``function`` | the function's module and qualified name, and the sha256 of its source (of its bytecode where there is no source) |
 | ``args`` | per argument: a tensor's dtype, device, rank, requires_grad (and shape with ``dynamic=False``); a module's class and the name, shape, dtype, device and requires_grad of each parameter and buffer (hashed); a number's or string's type (bools, None and strings: the value) |
-| ``dynamic``, ``fullgraph``, ``options`` | as given to :func:`precompile.compile` |
+| ``dynamic``, ``fullgraph``, ``options`` | as given to :func:`precompile.compile` (``options`` with its ``mode``'s) |
+| ``cudagraphs`` | whether the ``mode`` replays CUDA graphs (added by :mod:`precompile.function.compiled`) |
 | ``ambient`` | grad mode, autocast, ... (:mod:`precompile.key.ambient`) and the SDPA backends enabled |
 | ``env`` | the key fields of the environment fingerprint |
 | ``format`` | precompile's format version, and ``kind: "function"`` |

@@ -16,7 +16,13 @@ from typing import Any
 
 from cache_backends.base import MISS, Cache
 from cache_backends.bounded import MAX_BLOB_BYTES, MAX_MANIFEST_BYTES, loads_json
-from precompile.errors import AmbiguousKeyError, ArtifactFormatError, ArtifactNotFoundError, NotAnArtifactPathError
+from precompile.errors import (
+    AmbiguousKeyError,
+    ArtifactFormatError,
+    ArtifactNotFoundError,
+    NotAnArtifactPathError,
+    NotRegularFileError,
+)
 
 #: Fewest hex characters a key prefix must have.
 MIN_PREFIX = 6
@@ -190,7 +196,12 @@ def from_path(path: str | os.PathLike[str]) -> Source | None:
                                      "nothing was read from it")
     try:
         manifest, blobs = formats.read_unpacked(p) if stat.S_ISDIR(mode) else formats.read_binary(p)
-    except ArtifactFormatError:  # NotAnArtifactPathError too
+    except NotAnArtifactPathError:
+        raise
+    except ArtifactFormatError as err:
+        if isinstance(err.__cause__, OSError) and not isinstance(err.__cause__, NotRegularFileError):
+            # EIO from /proc/self/mem...: nothing an artifact can be read from, not a damaged artifact
+            raise NotAnArtifactPathError(f"{p} cannot be read as a precompile artifact: {err.__cause__}") from err
         raise
     except OSError as err:  # EIO from /proc/self/mem, EACCES...: nothing an artifact can be read from
         raise NotAnArtifactPathError(f"{p} cannot be read as a precompile artifact: {err.strerror or err}") from err

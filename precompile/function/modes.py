@@ -1,0 +1,52 @@
+"""``torch.compile``'s ``mode=`` for :func:`precompile.compile`, with torch's meanings.
+
+| mode | Inductor options | CUDA graphs |
+|---|---|---|
+| ``None``, ``"default"`` | none | no |
+| ``"reduce-overhead"`` | none | yes |
+| ``"max-autotune"`` | ``max_autotune``, ``coordinate_descent_tuning`` | yes |
+| ``"max-autotune-no-cudagraphs"`` | ``max_autotune``, ``coordinate_descent_tuning`` | no |
+
+The table is torch's (``torch._inductor.list_mode_options``, 2.11-2.13; a test holds it to torch's), copied so that
+a warm start computes its key without importing Inductor.  ``triton.cudagraphs`` is not handed to Inductor: the
+graphs precompile loads run from its own engine, so precompile records and replays the CUDA graphs itself
+(:class:`precompile.loader.cudagraphs.CudaGraphRunner`), on GPU inputs only (on a CPU, as under ``torch.compile``,
+the mode changes nothing).  User ``options`` win over the mode's, as in ``torch.compile``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+#: torch.compile's modes: the Inductor options each sets (``triton.cudagraphs`` included, as torch lists it).
+MODES: dict[str, dict[str, bool]] = {
+    "default": {},
+    "reduce-overhead": {"triton.cudagraphs": True},
+    "max-autotune": {"max_autotune": True, "triton.cudagraphs": True, "coordinate_descent_tuning": True},
+    "max-autotune-no-cudagraphs": {"max_autotune": True, "coordinate_descent_tuning": True},
+}
+
+
+def resolve(mode: str | None, options: dict[str, Any] | None) -> tuple[dict[str, Any], bool]:
+    """``(Inductor options, whether to replay CUDA graphs)`` for ``mode`` and the user's ``options``.
+
+    Raises:
+        ValueError: ``mode`` is not one of :data:`MODES` (or None).
+    """
+    if mode is not None and mode not in MODES:
+        raise ValueError(f"mode={mode!r} is not a torch.compile mode; use one of {', '.join(MODES)}")
+    merged = {**MODES[mode or "default"], **(options or {})}
+    cudagraphs = bool(merged.pop("triton.cudagraphs", False))
+    return merged, cudagraphs
+
+
+def wrap(graph: Callable[..., Any], cudagraphs: bool, name: str) -> Callable[..., Any]:
+    """``graph`` (a loaded or built graph artifact) replayed from CUDA graphs when ``cudagraphs``; else itself."""
+    if not cudagraphs:
+        return graph
+    from precompile.loader.cudagraphs import CudaGraphRunner
+
+    manifest = getattr(graph, "manifest", None)
+    mutated = (manifest.build.get("mutated_inputs") or []) if manifest is not None else []
+    return CudaGraphRunner(graph, mutated, name)

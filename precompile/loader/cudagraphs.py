@@ -1,0 +1,115 @@
+"""CUDA graphs over a loaded graph artifact: ``mode="reduce-overhead"`` after a warm load.
+
+``torch.compile(mode="reduce-overhead")`` records each compiled graph into a CUDA graph (Inductor's cudagraph
+trees) and replays it, so a call costs one graph launch instead of one launch per kernel.  A graph precompile
+loads runs its kernels from its own wrapper, not from Inductor's compiled callable, so the recording is done here,
+with the public ``torch.cuda.CUDAGraph`` API, in the same way:
+
+- per distinct call signature (each tensor input's shape, stride, dtype and device, the other inputs' values, and
+  the address of each static input) the first call runs as it is (a warm-up: lazy library set-up, allocations)
+  and the second records a CUDA graph; later calls replay it.  At most :data:`MAX_GRAPHS` are recorded per graph
+  (a server's set of batch sizes); past that, calls run without one, as Inductor's trees fall back;
+- a *static* input — a parameter, or a tensor Dynamo was told has a fixed address
+  (``torch._dynamo.mark_static_address``, as transformers' ``StaticCache`` marks its key/value tensors) — is used
+  in place, so writes into a KV cache land in it; any other tensor input is copied into the graph's own buffer
+  before a replay, and copied back after it where the graph writes to it (the manifest's ``mutated_inputs``);
+- outputs are copied out of the graph's memory pool before they are returned, so a later replay never overwrites
+  a tensor the caller holds (Inductor's trees instead return the pool's tensors and fail on a stale access).
+
+Inputs on the CPU, or a call while another stream is being captured, run without a graph.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+log = logging.getLogger("precompile")
+
+#: Most CUDA graphs recorded per graph artifact (one per call signature).
+MAX_GRAPHS = 64
+
+
+def is_static(t: torch.Tensor) -> bool:
+    """True for a tensor whose address stays fixed from call to call: a parameter, or one marked with
+    ``torch._dynamo.mark_static_address`` (Dynamo's attribute, read without importing Dynamo)."""
+    return isinstance(t, torch.nn.Parameter) or getattr(t, "_dynamo_static_input_type", None) is not None
+
+
+class _Recorded:
+    """One recorded CUDA graph: its static input buffers and its outputs (in the graph's pool)."""
+
+    def __init__(self, graph: torch.cuda.CUDAGraph, inputs: list[Any], outputs: Any, copied: list[int],
+                 mutated: frozenset[int]):
+        self.graph, self.inputs, self.outputs = graph, inputs, outputs
+        self.copied = copied  # the inputs copied into the graph's buffers before each replay
+        self.copied_back = [i for i in copied if i in mutated]  # and out of them after it
+
+
+class CudaGraphRunner:
+    """``fn`` (a loaded graph: ``fn(*inputs) -> tuple/list of tensors or a tensor``), replayed from CUDA graphs
+    (module docstring).
+
+    Args:
+        fn: the callable; it must launch only on the current stream and never synchronize (a precompile
+            artifact's fast engine does neither).
+        mutated: indices of the inputs ``fn`` writes to.
+        name: for logs.
+    """
+
+    def __init__(self, fn: Callable[..., Any], mutated: Sequence[int] = (), name: str = "graph"):
+        self.fn, self.mutated, self.name = fn, frozenset(mutated), name
+        self._graphs: dict[tuple[Any, ...], _Recorded] = {}
+        self._warmed: set[tuple[Any, ...]] = set()
+        self._pool: Any = None
+        self.replays = 0
+
+    def __call__(self, *args: Any) -> Any:
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        if not tensors or any(t.device.type != "cuda" for t in tensors) or torch.cuda.is_current_stream_capturing():
+            return self.fn(*args)
+        key = tuple(_signature(a) for a in args)
+        recorded = self._graphs.get(key)
+        if recorded is None:
+            if key not in self._warmed or len(self._graphs) >= MAX_GRAPHS:
+                self._warmed.add(key)
+                return self.fn(*args)
+            recorded = self._record(key, args)
+        for i in recorded.copied:
+            recorded.inputs[i].copy_(args[i])
+        recorded.graph.replay()
+        self.replays += 1
+        for i in recorded.copied_back:
+            args[i].copy_(recorded.inputs[i])
+        return _clone(recorded.outputs)
+
+    def _record(self, key: tuple[Any, ...], args: tuple[Any, ...]) -> _Recorded:
+        copied = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and not is_static(a)]
+        inputs = [a.clone() if i in copied else a for i, a in enumerate(args)]
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        torch.cuda.synchronize()
+        with torch.cuda.graph(graph, pool=self._pool):
+            outputs = self.fn(*inputs)
+        recorded = self._graphs[key] = _Recorded(graph, inputs, outputs, copied, self.mutated)
+        log.info("%s: recorded CUDA graph %d for inputs %s", self.name, len(self._graphs),
+                 [tuple(a.shape) for a in args if isinstance(a, torch.Tensor)][:4])
+        return recorded
+
+
+def _signature(a: Any) -> Any:
+    if isinstance(a, torch.Tensor):
+        return (tuple(a.shape), a.stride(), a.dtype, a.device, a.data_ptr() if is_static(a) else None)
+    return (type(a), a) if isinstance(a, (int, float, bool, str, type(None))) else (type(a), id(a))
+
+
+def _clone(out: Any) -> Any:
+    if isinstance(out, torch.Tensor):
+        return out.clone()
+    if isinstance(out, (list, tuple)):
+        return type(out)(_clone(o) for o in out)
+    return out

@@ -1,0 +1,164 @@
+"""Whole functions built from what library code is made of: decorated functions and closures, objects that hold a
+lock, a registry of functions, module hooks, torch.compile's modes.  A fresh process hits and traces nothing where
+the stored guards can say the same thing there; an identity guard is never loosened (another function in the
+registry is traced, not served the stored code); a function that cannot be stored is stored as refused once, and
+every later process says why and rewrites nothing.  Real Dynamo, real Inductor compiles, real processes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import run_python
+
+LIBRARY = '''
+import functools, threading, torch
+
+def returns_twice(fn):                     # a transformers-style output decorator
+    @functools.wraps(fn)
+    def wrapper(self, *args, **kwargs):
+        out = fn(self, *args, **kwargs)
+        return out * 2
+    return wrapper
+
+def relu(x):
+    return torch.relu(x)
+
+def gelu(x):
+    return torch.nn.functional.gelu(x)
+
+ACTIVATIONS = {"act": relu}                # a registry, as ALL_ATTENTION_FUNCTIONS
+
+class Settings:                            # a config object holding a lock, as StaticCache and loggers do
+    def __init__(self):
+        self.scale = 0.5
+        self.lock = threading.Lock()
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.proj = torch.nn.Linear(16, 16)
+        self.settings = Settings()
+
+    @returns_twice
+    def forward(self, x):
+        return ACTIVATIONS["act"](self.proj(x)) * self.settings.scale
+
+class Hooked(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.proj = torch.nn.Linear(16, 16)
+        self.register_forward_pre_hook(lambda mod, args: (args[0] * 3,))
+        self.register_forward_hook(lambda mod, args, out: out - 1)
+
+    def forward(self, x):
+        return torch.relu(self.proj(x))
+
+class PerInstance(torch.nn.Module):        # a function made per instance: no import path names it
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.proj = torch.nn.Linear(16, 16)
+        k = 3.0
+        self.act = lambda x: torch.tanh(x) * k
+
+    def forward(self, x):
+        return self.act(self.proj(x))
+'''
+
+RUN = '''
+import json, sys, torch
+sys.path.insert(0, sys.argv[1])
+import library, precompile
+from precompile.inductor.dynamo_pkg import frames_traced
+cache, what, swap, mode = sys.argv[2], sys.argv[3], sys.argv[4] == "swap", sys.argv[5]
+if swap:
+    library.ACTIVATIONS["act"] = library.gelu
+net = {"net": library.Net, "hooked": library.Hooked, "per_instance": library.PerInstance}[what]().eval()
+x = torch.randn(4, 16, generator=torch.Generator().manual_seed(1))
+with torch.no_grad():
+    f = precompile.compile(net, cache=cache, mode=None if mode == "none" else mode)
+    before = frames_traced()
+    out = f(x)
+    info = {"outcome": f.outcome, "frames": frames_traced() - before, "reason": f.miss_reason,
+            "not_stored": f.not_stored, "equal": torch.equal(out, net(x)),
+            "close": torch.allclose(out, net(x), rtol=1e-5, atol=1e-6)}
+print(json.dumps(info))
+'''
+
+
+def _run(tmp_path, what, swap=False, mode="none"):
+    src = tmp_path / "src"
+    src.mkdir(exist_ok=True)
+    (src / "library.py").write_text(LIBRARY)
+    text = run_python(RUN, str(src), f"file://{tmp_path / 'cache'}", what, "swap" if swap else "-", mode)
+    return json.loads(text.strip().splitlines()[-1])
+
+
+def _stored(tmp_path):
+    from cache_backends.registry import open_cache
+
+    cache = open_cache(f"file://{tmp_path / 'cache'}")
+    return {k: json.loads(cache.get_blob(d)) for k, d in cache.iter_refs()}
+
+
+def test_decorated_forward_and_an_object_holding_a_lock_hit_in_a_fresh_process(tmp_path):
+    built = _run(tmp_path, "net")
+    assert built["outcome"] == "built" and built["not_stored"] is None and built["equal"], built
+    hit = _run(tmp_path, "net")
+    assert hit["outcome"] == "hit" and hit["frames"] == 0 and hit["equal"], hit
+
+
+def test_an_identity_guard_is_not_loosened_another_function_in_the_registry_is_traced(tmp_path):
+    _run(tmp_path, "net")
+    # the registry now holds gelu where the build saw relu: the stored code (relu) must not run
+    swapped = _run(tmp_path, "net", swap=True)
+    assert swapped["outcome"] == "hit" and swapped["frames"] >= 1, swapped
+    # gelu's values (Inductor's and eager's gelu may round differently), not relu's
+    assert swapped["close"] and swapped["reason"].startswith("the stored guards refused a call"), swapped
+
+
+def test_module_hooks_run_as_under_torch_compile(tmp_path):
+    built = _run(tmp_path, "hooked")
+    assert built["outcome"] == "built" and built["equal"], built  # equal to eager, hooks included
+    hit = _run(tmp_path, "hooked")
+    assert hit["outcome"] == "hit" and hit["frames"] == 0 and hit["equal"], hit
+
+
+def test_a_function_that_cannot_be_stored_is_stored_as_refused_once_and_says_why(tmp_path):
+    built = _run(tmp_path, "per_instance")
+    assert built["outcome"] == "built" and built["equal"], built
+    assert "no import path names" in built["not_stored"], built
+    (refusal,) = [m for m in _stored(tmp_path).values() if m.get("kind") == "function"]
+    assert refusal["parts"] == {} and refusal["build"]["refused"] == built["not_stored"]
+    before = _stored(tmp_path)
+    again = _run(tmp_path, "per_instance")
+    assert again["outcome"] == "traced" and again["equal"], again
+    assert again["reason"] == f"its builder could not store it: {built['not_stored']}", again
+    assert _stored(tmp_path) == before  # the worker read the reason and rewrote nothing
+
+
+def test_reduce_overhead_on_a_cpu_hits_as_the_default_mode_does(tmp_path):
+    built = _run(tmp_path, "net", mode="reduce-overhead")
+    assert built["outcome"] == "built" and built["equal"], built
+    hit = _run(tmp_path, "net", mode="reduce-overhead")
+    assert hit["outcome"] == "hit" and hit["frames"] == 0 and hit["equal"], hit
+    default = _run(tmp_path, "net")  # another key: the mode is a key factor
+    assert default["outcome"] == "built", default
+
+
+def test_modes_are_torch_compiles_and_an_unknown_mode_is_refused():
+    import torch._inductor
+
+    import precompile
+    from precompile.function.modes import MODES, resolve
+
+    for mode, options in MODES.items():
+        assert options == torch._inductor.list_mode_options(mode), mode
+    assert resolve("max-autotune", {"max_autotune": False}) == ({"max_autotune": False,
+                                                                  "coordinate_descent_tuning": True}, True)
+    with pytest.raises(ValueError, match="not a torch.compile mode"):
+        precompile.compile(torch.nn.Linear(2, 2), mode="fast")

@@ -1,0 +1,47 @@
+"""CUDA graphs over a loaded graph (``mode="reduce-overhead"``): replays equal direct calls, writes into a caller's
+buffer land there (in place for a static buffer, copied back for another), and an output held by the caller is never
+overwritten by a later replay.  Needs a GPU; skipped without one."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from precompile.loader.cudagraphs import CudaGraphRunner
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def _step(x, w, static_cache, cache):
+    static_cache.add_(x.sum())   # a KV cache marked static: written in place
+    cache.mul_(2)                # a buffer that is not: copied in, and back out
+    return (x @ w + static_cache, cache * 1)
+
+
+def test_replays_equal_direct_calls_and_writes_reach_the_callers_buffers():
+    torch.manual_seed(0)
+    w = torch.nn.Parameter(torch.randn(8, 8, device="cuda"), requires_grad=False)
+    static_cache = torch.zeros(8, device="cuda")
+    torch._dynamo.mark_static_address(static_cache)
+    cache = torch.ones(8, device="cuda")
+    ref_static, ref_cache = static_cache.clone(), cache.clone()
+    runner = CudaGraphRunner(_step, mutated=[2, 3], name="step")
+    held = []
+    for i in range(5):
+        x = torch.randn(4, 8, device="cuda")
+        got = runner(x, w, static_cache, cache)
+        want = _step(x, w, ref_static, ref_cache)
+        held.append((got, want))
+        assert torch.equal(static_cache, ref_static) and torch.equal(cache, ref_cache), i
+    assert runner.replays == 3  # call 1 warms up, call 2 records, calls 3-5 replay
+    for got, want in held:  # outputs the caller kept were not overwritten by later replays
+        assert all(torch.equal(g, r) for g, r in zip(got, want))
+
+
+def test_a_new_shape_records_a_new_graph_and_cpu_inputs_run_directly():
+    runner = CudaGraphRunner(lambda x: (x * 3,), name="triple")
+    for n in (4, 4, 4, 6, 6, 6):
+        x = torch.randn(n, device="cuda")
+        assert torch.equal(runner(x)[0], x * 3)
+    assert runner.replays == 2 and len(runner._graphs) == 2
+    assert torch.equal(runner(torch.ones(3))[0], torch.full((3,), 3.0))
