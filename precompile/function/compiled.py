@@ -87,7 +87,10 @@ class CompiledFunction:
             functools.update_wrapper(self, fn)  # type: ignore[arg-type]
 
     # ------------------------------------------------------------------------------------------ calling
+    @torch.compiler.disable
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # an outer torch.compile (transformers' generate compiles the forward itself on a GPU with a static
+        # cache) does not trace into a compiled function: it calls it, as it calls any compiled region
         if self._run is None:
             self._start(args, kwargs)
             if self._first is not None:  # the build's traced call was this call
