@@ -10,6 +10,7 @@ import json
 
 import pytest
 import torch
+from _cli import cli, cli_json
 from conftest import run_python
 
 LIBRARY = '''
@@ -139,6 +140,13 @@ def test_a_function_that_cannot_be_stored_is_stored_as_refused_once_and_says_why
     assert again["outcome"] == "traced" and again["equal"], again
     assert again["reason"] == f"its builder could not store it: {built['not_stored']}", again
     assert _stored(tmp_path) == before  # the worker read the reason and rewrote nothing
+    # the operator sees it too: diff of the key says why it is not a plain hit, inspect shows the reason
+    (key,) = [k for k, m in before.items() if m.get("kind") == "function"]
+    url = f"file://{tmp_path / 'cache'}"
+    assert cli_json("diff", key, "--cache", url)["status"] == f"stored as refused: its builder could not store it: " \
+                                                                  f"{built['not_stored']}"
+    shown = cli("inspect", key, "--cache", url).stdout
+    assert "stored as refused" in shown and "no import path names" in shown
 
 
 def test_reduce_overhead_on_a_cpu_hits_as_the_default_mode_does(tmp_path):
