@@ -185,7 +185,7 @@ class CompiledFunction:
             store.drop(self._cache, self.key, str(err))
             return None
         try:
-            package = dynamo_pkg.install(self._target, record, loaded)
+            package = dynamo_pkg.install(_first_frame(self._target), record, loaded)
         except RuntimeError as err:  # sound, but not for this process: kept for the workers it serves
             self._miss(f"stored, but does not install here: {err}", "function_install_failed")
             return _TRACE
@@ -244,7 +244,7 @@ class CompiledFunction:
         if config.explain_misses():
             log.warning("function %s %s: %s", _name(self._target), (self.key or "")[:12],
                         self.miss_reason or self._nearest())
-        self._package = dynamo_pkg.new_package(self._target)
+        self._package = dynamo_pkg.new_package(_first_frame(self._target))
         self._run = dynamo_pkg.optimize(self._called(), self._on_graph, self._package, dynamic=self._dynamic,
                                         fullgraph=self._fullgraph, guard_export=self._on_guards)
         start = time.perf_counter()
@@ -322,6 +322,14 @@ class CompiledFunction:
 
 #: What :meth:`CompiledFunction._load` returns for a stored entry this process runs traced.
 _TRACE = "trace"
+
+
+def _first_frame(fn: Any) -> Any:
+    """The function whose frame Dynamo traces first when ``fn`` is called: ``fn``, or the function of a
+    ``functools.partial`` (accelerate's hooks replace ``module.forward`` with a partial of their own wrapper)."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return fn
 
 
 def _name(fn: Any) -> str:

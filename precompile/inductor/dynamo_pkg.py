@@ -165,8 +165,10 @@ def _patch_dynamo() -> None:
             return UNPICKLABLE_GUARDS
         try:
             return serialize(self, *args, **kwargs)
-        except PackageError as err:  # torch's own bypass of it then fails its "guards_state" assertion
-            _recording.why = [f"torch cannot store its guards ({err})"]
+        except (PackageError, TypeError, pickle.PicklingError) as err:
+            # PackageError: torch's own bypass of it then fails its "guards_state" assertion; TypeError: a guard on
+            # a class defined in local scope (torch's raise_local_type_error) would fail the user's call
+            _recording.why = [f"torch cannot store its guards ({type(err).__name__}: {str(err)[:300]})"]
             return UNPICKLABLE_GUARDS
 
     guards.CheckFunctionManager.serialize_guards = serialize_guards

@@ -58,6 +58,38 @@ class Hooked(torch.nn.Module):
     def forward(self, x):
         return torch.relu(self.proj(x))
 
+def accelerated():                         # a model with accelerate's hooks, as device_map= places them
+    from accelerate.hooks import ModelHook, add_hook_to_module
+
+    global Scale
+
+    class Scale(ModelHook):                # at module level, as accelerate's own hooks are
+        def pre_forward(self, module, *args, **kwargs):
+            return (args[0] * 3,) + args[1:], kwargs
+
+        def post_forward(self, module, output):
+            return output - 1
+
+    Scale.__qualname__ = "Scale"
+    net = Hooked.__new__(Hooked)
+    torch.nn.Module.__init__(net)
+    torch.manual_seed(0)
+    net.proj = torch.nn.Linear(16, 16)
+    add_hook_to_module(net, Scale())       # module.forward becomes a partial of accelerate's own wrapper
+    return net
+
+def local_config():                        # a config whose class is defined in a function: torch cannot store it
+    class Config:
+        scale = 0.25
+
+    net = Hooked.__new__(Hooked)
+    torch.nn.Module.__init__(net)
+    torch.manual_seed(0)
+    net.proj = torch.nn.Linear(16, 16)
+    net.cfg = Config()
+    net.forward = lambda x: torch.relu(net.proj(x)) * net.cfg.scale
+    return net
+
 class PerInstance(torch.nn.Module):        # a function made per instance: no import path names it
     def __init__(self):
         super().__init__()
@@ -78,7 +110,8 @@ from precompile.inductor.dynamo_pkg import frames_traced
 cache, what, swap, mode = sys.argv[2], sys.argv[3], sys.argv[4] == "swap", sys.argv[5]
 if swap:
     library.ACTIVATIONS["act"] = library.gelu
-net = {"net": library.Net, "hooked": library.Hooked, "per_instance": library.PerInstance}[what]().eval()
+net = {"net": library.Net, "hooked": library.Hooked, "per_instance": library.PerInstance,
+       "accelerated": library.accelerated, "local_config": library.local_config}[what]().eval()
 x = torch.randn(4, 16, generator=torch.Generator().manual_seed(1))
 with torch.no_grad():
     f = precompile.compile(net, cache=cache, mode=None if mode == "none" else mode)
@@ -129,6 +162,13 @@ def test_module_hooks_run_as_under_torch_compile(tmp_path):
     assert hit["outcome"] == "hit" and hit["frames"] == 0 and hit["equal"], hit
 
 
+def test_accelerate_hooks_run_and_the_function_hits(tmp_path):
+    built = _run(tmp_path, "accelerated")
+    assert built["outcome"] == "built" and built["not_stored"] is None and built["equal"], built
+    hit = _run(tmp_path, "accelerated")
+    assert hit["outcome"] == "hit" and hit["frames"] == 0 and hit["equal"], hit
+
+
 def test_a_function_that_cannot_be_stored_is_stored_as_refused_once_and_says_why(tmp_path):
     built = _run(tmp_path, "per_instance")
     assert built["outcome"] == "built" and built["equal"], built
@@ -147,6 +187,13 @@ def test_a_function_that_cannot_be_stored_is_stored_as_refused_once_and_says_why
                                                                   f"{built['not_stored']}"
     shown = cli("inspect", key, "--cache", url).stdout
     assert "stored as refused" in shown and "no import path names" in shown
+
+
+def test_a_guard_torch_cannot_store_never_fails_the_call(tmp_path):
+    built = _run(tmp_path, "local_config")  # torch raises TypeError for the local class: the call must still run
+    assert built["outcome"] == "built" and built["equal"] and built["not_stored"], built
+    again = _run(tmp_path, "local_config")
+    assert again["outcome"] == "traced" and again["equal"], again
 
 
 def test_reduce_overhead_on_a_cpu_hits_as_the_default_mode_does(tmp_path):
