@@ -31,6 +31,9 @@ def gelu(x):
 
 ACTIVATIONS = {"act": relu}                # a registry, as ALL_ATTENTION_FUNCTIONS
 
+def rotate(x):                             # a module function called by name, as apply_rotary_pos_emb is
+    return x.flip(-1)
+
 class Settings:                            # a config object holding a lock, as StaticCache and loggers do
     def __init__(self):
         self.scale = 0.5
@@ -45,7 +48,7 @@ class Net(torch.nn.Module):
 
     @returns_twice
     def forward(self, x):
-        return ACTIVATIONS["act"](self.proj(x)) * self.settings.scale
+        return rotate(ACTIVATIONS["act"](self.proj(x))) * self.settings.scale
 
 class Hooked(torch.nn.Module):
     def __init__(self):
@@ -107,9 +110,11 @@ import json, sys, torch
 sys.path.insert(0, sys.argv[1])
 import library, precompile
 from precompile.inductor.dynamo_pkg import frames_traced
-cache, what, swap, mode = sys.argv[2], sys.argv[3], sys.argv[4] == "swap", sys.argv[5]
-if swap:
+cache, what, swap, mode = sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
+if swap == "swap":
     library.ACTIVATIONS["act"] = library.gelu
+if swap == "patch":  # monkeypatched at its import path, as kernel libraries patch transformers' functions
+    library.rotate = lambda x: x.roll(1, -1)
 net = {"net": library.Net, "hooked": library.Hooked, "per_instance": library.PerInstance,
        "accelerated": library.accelerated, "local_config": library.local_config}[what]().eval()
 x = torch.randn(4, 16, generator=torch.Generator().manual_seed(1))
@@ -124,11 +129,11 @@ print(json.dumps(info))
 '''
 
 
-def _run(tmp_path, what, swap=False, mode="none"):
+def _run(tmp_path, what, swap="-", mode="none"):
     src = tmp_path / "src"
     src.mkdir(exist_ok=True)
     (src / "library.py").write_text(LIBRARY)
-    text = run_python(RUN, str(src), f"file://{tmp_path / 'cache'}", what, "swap" if swap else "-", mode)
+    text = run_python(RUN, str(src), f"file://{tmp_path / 'cache'}", what, swap, mode)
     return json.loads(text.strip().splitlines()[-1])
 
 
@@ -149,10 +154,20 @@ def test_decorated_forward_and_an_object_holding_a_lock_hit_in_a_fresh_process(t
 def test_an_identity_guard_is_not_loosened_another_function_in_the_registry_is_traced(tmp_path):
     _run(tmp_path, "net")
     # the registry now holds gelu where the build saw relu: the stored code (relu) must not run
-    swapped = _run(tmp_path, "net", swap=True)
+    swapped = _run(tmp_path, "net", swap="swap")
     assert swapped["outcome"] == "hit" and swapped["frames"] >= 1, swapped
     # gelu's values (Inductor's and eager's gelu may round differently), not relu's
     assert swapped["close"] and swapped["reason"].startswith("the stored guards refused a call"), swapped
+
+
+def test_a_function_monkeypatched_at_its_import_path_is_traced_not_served_the_stored_code(tmp_path):
+    _run(tmp_path, "net")
+    # library.rotate now names another function: the object at the path is not what was stored (its digest)
+    patched = _run(tmp_path, "net", swap="patch")
+    assert patched["outcome"] == "hit" and patched["frames"] >= 1, patched
+    assert patched["equal"] and patched["reason"].startswith("the stored guards refused a call"), patched
+    again = _run(tmp_path, "net")  # unpatched again: the stored function still hits
+    assert again["outcome"] == "hit" and again["frames"] == 0 and again["equal"], again
 
 
 def test_module_hooks_run_as_under_torch_compile(tmp_path):
