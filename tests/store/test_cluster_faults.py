@@ -27,7 +27,7 @@ from test_fleet import results, start_workers
 
 import _graphs
 import precompile
-from cache_backends import open_cache
+from cache_backends import MISS, open_cache
 from precompile.ops.verify import verify
 from precompile.store.cache_io import load_from_cache, store
 from precompile.store.coordination import get_or_build
@@ -131,6 +131,8 @@ def test_a_master_killed_while_eight_workers_load(cluster, seeded, tmp_path):
     victim = cluster.node_of(ref)  # the master of the artifact's ref; the URL names another node
     url = cluster.url(via=next(n for n in cluster.alive() if n is not victim), timeout=2)
     before = open_cache(url).counters()
+    via_victim = cluster.url(via=victim, timeout=2)
+    assert open_cache(via_victim).get_ref(seeded.art.key) is not MISS  # this process has seen the nodes
     procs, go = start_workers(url, 8, tmp_path, go=False)
     go.touch()
     victim.proc.send_signal(signal.SIGKILL)
@@ -146,3 +148,5 @@ def test_a_master_killed_while_eight_workers_load(cluster, seeded, tmp_path):
     counters = open_cache(url).counters()
     assert counters["builds"] == before["builds"] and counters["hits"] - before["hits"] == 8, (before, counters)
     assert intact(url)
+    # a cache opened later with the dead node's URL finds the cluster through the nodes this process saw before
+    assert load_from_cache(seeded.art.key, via_victim) is not None
