@@ -57,6 +57,10 @@ class Backend:
         """Flip a byte of blob ``digest`` where it is stored (every tier), so that it no longer hashes right."""
         raise NotImplementedError
 
+    def plant(self, cache: Cache, digest: str, other: str) -> None:
+        """Store, under blob ``digest``'s name (every tier), the stored copy of blob ``other`` (stored inline)."""
+        raise NotImplementedError
+
     @contextmanager
     def down(self) -> Iterator[None]:
         """The storage is unreachable or stalled inside the block, back after it."""
@@ -140,6 +144,15 @@ class CacheSuite:
         assert cache.get_blobs([d], {d: 1000}) == {d: MISS}
         assert cache.counters().get("over_limit", 0) - over == 2
         assert cache.has_blob(d) and cache.get_blob(d, max_bytes=len(data)) == data  # refused, never dropped
+
+    def test_a_copy_refused_as_over_its_bound_is_rewritten_by_the_next_store(self, backend, cache):
+        # what the digest names is 1000 bytes; the stored copy inflates far past that (damage, or a planted frame)
+        data, other = os.urandom(1000), b"x" * 200_000
+        d, o = cache.put_blob(data), cache.put_blob(other)
+        backend.plant(cache, d, o)
+        assert cache.get_blob(d, 1000) is MISS and cache.has_blob(d)  # refused, left in place
+        assert cache.put_blob(data) == d  # the rebuild stores the blob again: this time it is rewritten
+        assert cache.get_blob(d, 1000) == data
 
     # -------------------------------------------------------------------------------------------- refs
     def test_refs_set_replace_list_delete(self, cache):
@@ -308,6 +321,10 @@ class LocalBackend(Backend):
 
         return open_cache(self.url(read_only=read_only, evict_bytes=evict_bytes))
 
+    def plant(self, cache, digest, other):
+        blob = self.root / "blob"
+        (blob / digest[:2] / digest[2:]).write_bytes((blob / other[:2] / other[2:]).read_bytes())
+
     def corrupt(self, cache, digest):
         path = self.root / "blob" / digest[:2] / digest[2:]
         if path.exists():
@@ -348,6 +365,10 @@ class RedisBackend(Backend):
 
     def _client_of(self, key: str):
         return self.server.client()
+
+    def plant(self, cache, digest, other):
+        head, source = f"{self.prefix}:blob:{{{digest}}}", f"{self.prefix}:blob:{{{other}}}"
+        self._client_of(head).set(head, self._client_of(source).get(source))
 
     def corrupt(self, cache, digest):
         head = f"{self.prefix}:blob:{{{digest}}}"
@@ -416,6 +437,10 @@ class TieredBackend(Backend):
     def corrupt(self, cache, digest):
         self.near.corrupt(cache, digest)
         self.far.corrupt(cache, digest)
+
+    def plant(self, cache, digest, other):
+        self.near.plant(cache, digest, other)
+        self.far.plant(cache, digest, other)
 
     @contextmanager
     def down(self):

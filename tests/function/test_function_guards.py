@@ -11,7 +11,7 @@ import json
 import pytest
 import torch
 from _cli import cli, cli_json
-from conftest import run_python
+from conftest import run_python, spawn_python
 
 LIBRARY = '''
 import functools, threading, torch
@@ -232,3 +232,49 @@ def test_modes_are_torch_compiles_and_an_unknown_mode_is_refused():
                                                                   "coordinate_descent_tuning": True}, True)
     with pytest.raises(ValueError, match="not a torch.compile mode"):
         precompile.compile(torch.nn.Linear(2, 2), mode="fast")
+
+
+# A worker that hit, then meets a size its stored guards refuse: it stores the function again only over the entry it
+# loaded.  ``hold`` waits (after its hit) until told to go on, so another worker's rewrite can land in between.
+RETRACE = '''
+import json, os, sys, time, torch
+sys.path.insert(0, sys.argv[1])
+import library, precompile
+from cache_backends.registry import open_cache
+cache, sizes, hold = sys.argv[2], [int(n) for n in sys.argv[3].split(",")], sys.argv[4]
+net = library.Hooked().eval()
+with torch.no_grad():
+    f = precompile.compile(net, cache=cache, dynamic=False)
+    f(torch.randn(sizes[0], 16))
+    if hold != "-":
+        open(hold + ".ready", "w").close()
+        while not os.path.exists(hold + ".go"):
+            time.sleep(0.05)
+    for n in sizes[1:]:
+        f(torch.randn(n, 16))
+print(json.dumps({"outcome": f.outcome, "retraces": f.retraces, "ref": open_cache(cache).get_ref(f.key)}))
+'''
+
+
+def test_after_a_retrace_a_worker_stores_only_over_the_entry_it_loaded(tmp_path):
+    import time
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "library.py").write_text(LIBRARY)
+    url, flag = f"file://{tmp_path / 'cache'}", str(tmp_path / "b")
+
+    def run(sizes, hold="-"):
+        return spawn_python(RETRACE, str(src), url, sizes, hold)
+
+    built = run("4").json()
+    held = run("4,9", hold=flag)  # worker B: hit, then waits
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "b.ready").exists():
+        assert time.monotonic() < deadline and held.popen.poll() is None, "worker B did not get to its hit"
+        time.sleep(0.05)
+    other = run("4,7").json()  # worker C: hit, retraced for size 7, stored over the entry both loaded
+    assert other["outcome"] == "hit" and other["retraces"] == 1 and other["ref"] != built["ref"], other
+    (tmp_path / "b.go").touch()
+    late = held.json()  # worker B retraced for size 9, but the key no longer holds what it loaded: kept C's
+    assert late["outcome"] == "hit" and late["retraces"] == 1 and late["ref"] == other["ref"], late
