@@ -46,6 +46,9 @@ MAX_MANIFEST_BYTES = 16 << 20
 #: kernel sources and binaries, wrappers, the engine payload, a Dynamo part (itself bounded to 256 MiB); weights are
 #: inputs, never parts.
 MAX_BLOB_BYTES = 2 << 30
+#: Largest sum of the part sizes one manifest may record, bytes: each part within :data:`MAX_BLOB_BYTES` could
+#: still add up past any worker's memory (a real artifact holds kernels and their binaries: megabytes).
+MAX_ARTIFACT_BYTES = 8 << 30
 #: Largest decompressed/compressed ratio accepted from a frame header (zstd's own bound is ~32768); a header
 #: claiming more is corruption, rejected before the output is allocated.
 MAX_RATIO = 65536

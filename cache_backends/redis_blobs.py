@@ -126,7 +126,8 @@ class BlobsMixin:
         """Bytes of blob ``digest`` (verified), or :data:`MISS`.  A corrupt or partial copy is dropped, counted
         under ``errors`` and reported as :data:`MISS`; one larger than ``max_bytes`` bytes (uncompressed; default
         and cap :data:`~cache_backends.bounded.MAX_BLOB_BYTES`) is a miss counted under ``errors`` and
-        ``over_limit``, refused before it is allocated, and kept.
+        ``over_limit``, refused before it is allocated, and kept until this process
+        stores the blob again (then rewritten).
 
         Raises:
             ValueError: ``digest`` is not 64 lowercase hex characters.
@@ -362,7 +363,7 @@ class BlobsMixin:
 
     def _refresh_chunks(self, digest: str) -> None:
         pipe = self.client.pipeline(transaction=False)
-        pipe.get(self._head_key(digest))
+        pipe.getrange(self._head_key(digest), 0, codec.CHUNKED_HEAD_BYTES - 1)  # a chunk count, never a whole blob
         head = execute(pipe)[0]
         ms = int(self.ttl_s * 1000)  # type: ignore[operator]
         count = self._chunk_count(head if isinstance(head, bytes) else None)

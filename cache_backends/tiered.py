@@ -32,21 +32,11 @@ from cache_backends.base import HEX64, MISS, Bounds, Cache, _Miss, blob_bound, d
 from cache_backends.bounded import MAX_BLOB_BYTES, MAX_MANIFEST_BYTES, loads_json
 from precompile.errors import CacheError, CacheReadOnlyError, CacheUnavailableError
 
-__all__ = ["TieredCache", "manifest_digests"]
+__all__ = ["TieredCache", "manifest_sizes"]
 
 log = logging.getLogger("precompile.cache")
 
 T = TypeVar("T")
-
-
-def manifest_digests(manifest: bytes) -> list[str]:
-    """The blobs an artifact's manifest names: the keys of its top-level ``"blobs"`` object (docs/format.md).
-
-    Raises:
-        ValueError: ``manifest`` is not JSON with a ``"blobs"`` object of 64-hex names, or is longer than
-            :data:`~cache_backends.bounded.MAX_MANIFEST_BYTES` or deeper than the JSON bound (``InputLimitError``).
-    """
-    return list(manifest_sizes(manifest))
 
 
 def manifest_sizes(manifest: bytes) -> dict[str, int]:
@@ -54,7 +44,8 @@ def manifest_sizes(manifest: bytes) -> dict[str, int]:
     is not a non-negative integer is :data:`~cache_backends.bounded.MAX_BLOB_BYTES` (the format's bound).
 
     Raises:
-        ValueError: as :func:`manifest_digests`.
+        ValueError: ``manifest`` is not JSON with a ``"blobs"`` object of 64-hex names, or is longer than
+            :data:`~cache_backends.bounded.MAX_MANIFEST_BYTES` or deeper than the JSON bound (``InputLimitError``).
     """
     doc = loads_json(manifest, MAX_MANIFEST_BYTES, "manifest")
     blobs = doc.get("blobs") if isinstance(doc, dict) else None
