@@ -129,7 +129,9 @@ def patch_dynamo() -> None:
     def pickle_guards_state(*args: Any, **kwargs: Any) -> bytes:
         if not getattr(_recording, "active", False):
             return original(*args, **kwargs)
-        guards.GuardsStatePickler = frame_state.pickler_class()  # library code's guard state (frame_state)
+        # library code's guard state (frame_state); swapped module-wide for the call: Dynamo builds and pickles
+        # guards under its compile lock, so no other thread pickles a guard state meanwhile
+        guards.GuardsStatePickler = frame_state.pickler_class()
         try:
             return original(*args, **kwargs)
         except (pickle.PicklingError, TypeError, PackageError) as err:
