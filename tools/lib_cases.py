@@ -198,8 +198,8 @@ def _denoiser(kind: str, device: str, config: dict[str, Any]) -> tuple[torch.nn.
         return model, lambda fn, x, t: fn(x, timestep=t.expand(x.shape[0]), class_labels=labels[:x.shape[0]]).sample
     text = torch.randn(2, TEXT_TOKENS, c.joint_attention_dim, generator=g).to(device)
     pooled = torch.randn(2, c.pooled_projection_dim, generator=g).to(device)
-    return model, lambda fn, x, t: fn(x, encoder_hidden_states=text[:x.shape[0]], pooled_projections=pooled[:x.shape[0]],
-                                     timestep=t.expand(x.shape[0])).sample
+    return model, lambda fn, x, t: fn(x, encoder_hidden_states=text[:x.shape[0]],
+                                     pooled_projections=pooled[:x.shape[0]], timestep=t.expand(x.shape[0])).sample
 
 
 def _latents(model: torch.nn.Module, batch: int, device: str) -> torch.Tensor:

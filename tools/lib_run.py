@@ -17,7 +17,8 @@ The cases are built before the clock starts; each case's clock then covers the c
 before any clock, as in a process that uses transformers or vLLM.  Outputs go to ``DIR/<mode>-<tag>.pt``
 (``{case: {name: tensor}}``); the last stdout line is JSON: per case ``first_s`` (seconds from the compile call to
 the compiled callable's first return), ``run_s`` (to the end of the case's calls), ``outcome``, ``miss_reason``,
-``not_stored``, ``eager_equal`` (None where the case is not compared with eager); and ``frames``: the frames
+``not_stored``, ``eager_equal`` (None where the case is not compared with eager), ``dynamo_before_clock``
+(whether ``torch._dynamo`` was imported when the clock started); and ``frames``: the frames
 Dynamo traced in this process, over all its calls (``precompile.inductor.dynamo_pkg.frames_traced`` for ``ours``,
 Dynamo's ``counters["frames"]["ok"]`` for torch's modes).  Per-call rows carry ``ours_us`` and ``torch_us``
 (medians, microseconds per call) and their ``ratio``.
@@ -66,9 +67,11 @@ def run_case(name: str, mode: str, a: argparse.Namespace) -> tuple[dict[str, Any
     work = Path(a.work)
     s = lib_cases.setup(name, a.device)
     _sync(a.device)
+    dynamo_before = "torch._dynamo" in sys.modules  # transformers and diffusers import it while building a model
     t0 = time.perf_counter()
+    loaded = None
     if mode == "mega":
-        torch.compiler.load_cache_artifacts((work / f"{name}.mega").read_bytes())
+        loaded = torch.compiler.load_cache_artifacts((work / f"{name}.mega").read_bytes())
     if mode == "ours":
         import precompile
 
@@ -78,10 +81,13 @@ def run_case(name: str, mode: str, a: argparse.Namespace) -> tuple[dict[str, Any
     first = FirstReturn(compiled)
     out = s.run(first)
     _sync(a.device)
-    row: dict[str, Any] = {"first_s": first.at - t0, "run_s": time.perf_counter() - t0}
+    row: dict[str, Any] = {"first_s": first.at - t0, "run_s": time.perf_counter() - t0,
+                           "dynamo_before_clock": dynamo_before}
     if mode == "ours":
         row.update(outcome=compiled.outcome, miss_reason=compiled.miss_reason, not_stored=compiled.not_stored,
                    retraces=compiled.retraces, load_s=compiled.load_seconds)
+    if loaded is not None:  # what the Mega-Cache held: {artifact kind: count}
+        row["mega_artifacts"] = {kind: len(keys) for kind, keys in loaded.artifacts.items()}
     if mode == "torch" and a.save_mega:
         data = torch.compiler.save_cache_artifacts()
         if data is not None:
