@@ -2,7 +2,8 @@
 """The library families of issue 28 (:mod:`tools.lib_cases`), cold then warm, in fresh processes, beside torch's
 own warm starts.
 
-    python tools/bench_libs.py [--json] [--device cuda] [--cases a,b] [--repeat 3] [--calls 40] [--dynamo-imported]
+    python tools/bench_libs.py [--json] [--device cuda] [--cases a,b] [--config JSON] [--repeat 3] [--calls 40]
+                               [--dynamo-imported]
 
 Per case, each step a fresh process (:mod:`tools.lib_run`), the model built before the clock starts:
 
@@ -74,6 +75,8 @@ class Runner:
         """Run mode ``mode``: the case's row of the child's JSON (with its ``frames``), or ``{"error": ...}``."""
         cmd = [sys.executable, "-m", "tools.lib_run", mode, "--cases", self.case, "--work", str(self.work),
                "--cache", self.cache, "--device", self.a.device, "--tag", tag, *extra]
+        if self.a.config:
+            cmd += ["--config", self.a.config]
         env = {**self.env, "TORCHINDUCTOR_CACHE_DIR": str(inductor), "TRITON_CACHE_DIR": str(inductor / "triton")}
         started = time.perf_counter()
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=self.a.timeout)
@@ -142,7 +145,8 @@ def bench_case(a: argparse.Namespace, work: Path, case: str) -> dict[str, Any]:
            max(r["frames"] for r in theirs), "call_ratio": per.get("ratio"), "ours_call_us": per.get("ours_us"),
            "torch_call_us": per.get("torch_us"), "equal": bool(equal),
            "errors": [r["error"] for r in (theirs[0], mega[0], per) if "error" in r],
-           "mega_artifacts": mega[-1].get("mega_artifacts"),
+           "mega_artifacts": mega[-1].get("mega_artifacts"), "call_loop_frames": per.get("loop_frames"),
+           "call_outputs_same": per.get("same_as_torch"),
            "dynamo_before_clock": all(r["dynamo_before_clock"] for r in ours)}
     row["speedup"] = row["torch_warm_s"] / row["warm_s"] if row["torch_warm_s"] else None
     return row
@@ -188,6 +192,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     p.add_argument("--cases", default=None, help=f"comma-separated subset of: {', '.join(CASES)} (default: all "
                    "whose libraries import here)")
+    p.add_argument("--config", default=None,
+                   help="JSON object of config keywords over each case's small default (a held-back config)")
     p.add_argument("--repeat", type=int, default=3, help="timed warm processes per path (median reported)")
     p.add_argument("--calls", type=int, default=40, help="timed calls of each callable in the per-call process")
     p.add_argument("--warmup", type=int, default=6, help="untimed calls of each callable before those")

@@ -1,6 +1,6 @@
 """One process of the library cases (:mod:`tools.lib_cases`): the tests' and ``tools/bench_libs.py``'s child.
 
-    python -m tools.lib_run MODE --cases a,b --work DIR [--cache URL] [--device cpu] [--calls N]
+    python -m tools.lib_run MODE --cases a,b --work DIR [--cache URL] [--device cpu] [--config JSON] [--calls N]
 
 Modes:
 
@@ -10,7 +10,8 @@ Modes:
   to ``DIR/<case>.mega``;
 - ``mega``: ``torch.compiler.load_cache_artifacts(DIR/<case>.mega's bytes)`` first, then as ``torch``;
 - ``percall``: ours and ``torch.compile``'s of each case in one process, called in turns (``--calls`` each, sizes
-  alternating as the case's :attr:`~tools.lib_cases.Setup.call` makes them), each call timed alone.
+  alternating as the case's :attr:`~tools.lib_cases.Setup.call` makes them), each call timed alone
+  (:func:`per_call` says how the two are kept apart).
 
 The cases are built before the clock starts; each case's clock then covers the compile call, its calls, and (mode
 ``mega``) reading and loading the Mega-Cache.  With ``BENCH_DYNAMO_IMPORTED=1`` ``torch._dynamo`` is imported
@@ -43,10 +44,15 @@ log = logging.getLogger("precompile.tools.lib_run")
 
 
 class FirstReturn:
-    """``fn`` that notes the ``time.perf_counter()`` of its first return (:attr:`at`, seconds; None before)."""
+    """``fn`` that notes the ``time.perf_counter()`` of its first return (:attr:`at`, seconds; None before).
+
+    It is ``fn`` to ``inspect.signature`` (``__wrapped__``): transformers' ``generate`` passes the forward only the
+    keywords its signature names, so a wrapper with a bare ``**kwargs`` would change the calls, and with them
+    ``precompile.compile``'s key.
+    """
 
     def __init__(self, fn: Any) -> None:
-        self.fn, self.at = fn, None
+        self.fn, self.at, self.__wrapped__ = fn, None, fn
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         out = self.fn(*args, **kwargs)
@@ -65,7 +71,7 @@ def run_case(name: str, mode: str, a: argparse.Namespace) -> tuple[dict[str, Any
     from tools import lib_cases
 
     work = Path(a.work)
-    s = lib_cases.setup(name, a.device)
+    s = lib_cases.setup(name, a.device, a.config)
     _sync(a.device)
     dynamo_before = "torch._dynamo" in sys.modules  # transformers and diffusers import it while building a model
     t0 = time.perf_counter()
@@ -100,15 +106,28 @@ def run_case(name: str, mode: str, a: argparse.Namespace) -> tuple[dict[str, Any
 
 
 def per_call(name: str, a: argparse.Namespace) -> dict[str, Any]:
-    """Ours (a warm hit) and ``torch.compile``'s of case ``name``, called in turns: medians in microseconds."""
+    """Ours (a warm hit) and ``torch.compile``'s of case ``name``, called in turns: medians in microseconds.
+
+    Every ``torch.compile`` of a function shares one list of Dynamo entries per code object, and a call runs the
+    first entry whose guards pass, whoever made it; ours are installed there too.  So torch's is compiled first,
+    with ``isolate_recompiles=True`` (its entries apart, looked up before the shared ones), and called at every size
+    of the mix before ours is installed; ``loop_frames`` (frames Dynamo traced while the two were timed) must be 0.
+    """
     import precompile
+    from torch._dynamo.utils import counters
     from tools import lib_cases
 
-    s = lib_cases.setup(name, a.device)
+    s = lib_cases.setup(name, a.device, a.config)
+    theirs = torch.compile(s.target, dynamic=s.dynamic, isolate_recompiles=True)
+    expected = s.run(theirs)
+    for i in range(a.warmup):
+        s.call(theirs, i)
+    torch_frames = int(counters["frames"]["ok"])
     ours = precompile.compile(s.target, dynamic=s.dynamic, cache=a.cache)
-    theirs = torch.compile(s.target, dynamic=s.dynamic)
-    same = all(torch.equal(x, y) for x, y in zip(s.run(ours).values(), s.run(theirs).values()))
+    got = s.run(ours)
+    same = all(torch.equal(got[k], expected[k]) for k in expected)
     times: dict[str, list[float]] = {"ours": [], "torch": []}
+    before = int(counters["frames"]["ok"])
     for i in range(a.warmup + a.calls):
         order = (("ours", ours), ("torch", theirs)) if i % 2 == 0 else (("torch", theirs), ("ours", ours))
         for who, fn in order:
@@ -119,7 +138,8 @@ def per_call(name: str, a: argparse.Namespace) -> dict[str, Any]:
             if i >= a.warmup:
                 times[who].append(time.perf_counter() - t)
     o, t = statistics.median(times["ours"]) * 1e6, statistics.median(times["torch"]) * 1e6
-    return {"ours_us": o, "torch_us": t, "ratio": o / t, "outcome": ours.outcome, "same_as_torch": same}
+    return {"ours_us": o, "torch_us": t, "ratio": o / t, "outcome": ours.outcome, "same_as_torch": same,
+            "torch_frames": torch_frames, "loop_frames": int(counters["frames"]["ok"]) - before}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -129,6 +149,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--work", required=True, help="folder for outputs and Mega-Cache files")
     p.add_argument("--cache", default=None, help="precompile cache URL (ours, percall)")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--config", type=json.loads, default=None,
+                   help="JSON object of config keywords over each case's small default, e.g. '{\"hidden_size\": 64}'")
     p.add_argument("--tag", default="run", help="names this process's output file")
     p.add_argument("--save-mega", action="store_true", help="torch: save the Mega-Cache after each case")
     p.add_argument("--calls", type=int, default=40, help="percall: timed calls of each callable")
