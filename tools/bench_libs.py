@@ -18,11 +18,11 @@ Per case, each step a fresh process (:mod:`tools.lib_run`), the model built befo
   lengths, batch sizes or prompts, per case), each call timed alone after ``--warmup`` calls; ratio = ours'
   median / torch's median.
 
-Warm figures are seconds from the compile call to the compiled callable's first return (time to first output),
-medians over ``--repeat`` processes.  Every child runs with ``PYTHONDONTWRITEBYTECODE`` unset and its bytecode
-under ``PYTHONPYCACHEPREFIX`` in the work dir; before the timed processes of each path, one untimed process of
-that path writes the bytecode it imports (a deployed image has it; without it every process compiles torch's
-Python).  ``--dynamo-imported`` imports ``torch._dynamo`` in every child before the clock, as in any process that
+Figures are seconds from the compile call to the compiled callable's first return (time to first output); warm
+ones are medians over ``--repeat`` processes.  Every child runs with ``PYTHONDONTWRITEBYTECODE`` unset and its
+bytecode under ``PYTHONPYCACHEPREFIX`` in the work dir, which is filled first (``compileall`` of torch, the cases'
+libraries and this repository, untimed), and before the timed processes of each path one untimed process of that
+path runs (a deployed image has bytecode; without it every process compiles torch's Python).  ``--dynamo-imported`` imports ``torch._dynamo`` in every child before the clock, as in any process that
 uses transformers or vLLM.  "frames" is what Dynamo traced in our warm processes (all their calls); "equal":
 ours warm bit-equal to ours cold, and generated tokens equal to eager's.  The last line is JSON: ``{"cases": n,
 "hits": n, "frames_traced": max, "equal": all, "min_speedup_vs_torch_warm": min over cases of torch warm s /
@@ -212,6 +212,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"# {len(names)} cases on {a.device}; children run with PYTHONDONTWRITEBYTECODE unset and bytecode warmed "
           f"first (as in a deployed image){'; torch._dynamo imported before the clock' if a.dynamo_imported else ''}"
           f"; work dir {work}", flush=True)
+    warm_bytecode(work, names)
     rows = []
     for i, name in enumerate(names, 1):
         log.info("[%d/%d] %s: cold, warm x%d, torch.compile cold + warm x%d, mega-cache x%d, per call", i, len(names),
@@ -225,6 +226,24 @@ def main(argv: list[str] | None = None) -> None:
     if a.json:
         print(json.dumps({"rows": rows}))
     print(json.dumps(summary(rows)))
+
+
+def warm_bytecode(work: Path, names: list[str]) -> None:
+    """Byte-compile torch, the cases' libraries and this repository into the children's ``PYTHONPYCACHEPREFIX``
+    (untimed), so that no timed process, cold or warm, pays for compiling Python that a deployed image has."""
+    import importlib.util
+
+    from tools.lib_cases import CASES
+
+    roots = [str(HERE.parent / d) for d in ("precompile", "cache_backends", "tools")]
+    for module in ["torch", *sorted({CASES[n].needs for n in names})]:
+        spec = importlib.util.find_spec(module)
+        if spec is not None and spec.submodule_search_locations:
+            roots.extend(spec.submodule_search_locations)
+    started = time.perf_counter()
+    env = {**os.environ, "PYTHONPYCACHEPREFIX": str(work / "pycache")}
+    subprocess.run([sys.executable, "-m", "compileall", "-q", "-j", "0", *roots], env=env, capture_output=True)
+    log.info("bytecode of %d package folders written in %.0f s (untimed)", len(roots), time.perf_counter() - started)
 
 
 def _importable(module: str) -> bool:
