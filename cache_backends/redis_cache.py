@@ -131,7 +131,7 @@ class RedisCache(ReplicasMixin, BlobsMixin, CountersMixin, LeasesMixin, UpkeepMi
         self.lease_ttl_s = float(lease_ttl_s)
         self.wait_s = float(wait_s)
         self.down_s = float(down_s)
-        self.cluster = type(client).__name__ == "RedisCluster"
+        self.cluster = any(c.__name__ == "RedisCluster" for c in type(client).__mro__)
         #: whether counter increments are sent (the one write a read-only cache may be allowed)
         self.write_counters = (not read_only) if counters is None else bool(counters)
         self.retry_s = float(retry_s)

@@ -8,6 +8,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -152,8 +154,9 @@ def _cluster_client(redis_url: str, kwargs: dict[str, Any], replicas: bool = Fal
     Raises:
         redis.exceptions.RedisClusterException, ConnectionError...: no node answers.
     """
-    from redis.cluster import ClusterNode, LoadBalancingStrategy, RedisCluster
+    from redis.cluster import ClusterNode, LoadBalancingStrategy
 
+    RedisCluster = _spread_cluster_class()
     parts = urlsplit(redis_url)
     where = f"{parts.hostname}:{parts.port or 6379}"
     extra: dict[str, Any] = {"load_balancing_strategy": LoadBalancingStrategy.RANDOM} if replicas else {}
@@ -169,6 +172,25 @@ def _cluster_client(redis_url: str, kwargs: dict[str, Any], replicas: bool = Fal
     with _KNOWN_LOCK:
         _KNOWN_NODES[where] = nodes[:64]
     return client
+
+
+@functools.cache
+def _spread_cluster_class() -> type:
+    """redis-py's ``RedisCluster`` with its start-up ``COMMAND`` sent to a random node instead of its default node.
+
+    Every cluster client asks ``COMMAND`` once as it is built (redis-py's ``CommandsParser``, to learn where each
+    command's keys are): about 90 KB of reply, sent by redis-py's default node, the first master of the slot map,
+    the same node for every worker.  A storm of N workers (two clients each with replica reads) then pulls 180 KB x
+    N from that one node, the busiest by far when artifacts are small (docs/fleet.md).  ``COMMAND`` reads nothing
+    stored, so any node answers it the same; a random one spreads the load.  Subclassing for a class attribute is
+    redis-py's own pattern (``COMMAND_FLAGS`` is read per instance, ``self.__class__.COMMAND_FLAGS.copy()``).
+    """
+    from redis.cluster import RedisCluster
+
+    class SpreadRedisCluster(RedisCluster):
+        COMMAND_FLAGS = {**RedisCluster.COMMAND_FLAGS, "COMMAND": RedisCluster.RANDOM}
+
+    return SpreadRedisCluster
 
 
 def redis_url_options() -> frozenset[str]:

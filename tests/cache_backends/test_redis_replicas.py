@@ -98,3 +98,20 @@ def test_replica_reads_need_a_cluster(redis_server):
     with pytest.raises(CacheURLError, match="replica_reads=1 needs a Redis Cluster"):
         open_cache(redis_server.url(replica_reads=1))
     assert not open_cache(redis_server.url(replica_reads=0)).replica_reads
+
+
+def test_cluster_clients_ask_command_of_random_nodes_not_all_of_one(redis_cluster):
+    """Every cluster client asks ``COMMAND`` (~90 KB of reply) as it starts; a storm's clients must not all ask the
+    same node (docs/fleet.md: it made one master the busiest node of every storm)."""
+    def command_calls(node) -> int:
+        return int(node.client().info("commandstats").get("cmdstat_command", {}).get("calls", 0))
+
+    before = {n.port: command_calls(n) for n in redis_cluster.alive()}
+    caches = [open_cache(redis_cluster.url(prefix=unique_prefix())) for _ in range(12)]
+    for cache in caches:
+        assert cache.get_blobs([cache.put_blob(os.urandom(100))])  # the replica client starts too
+    asked = {n.port: command_calls(n) - before[n.port] for n in redis_cluster.alive()}
+    assert sum(asked.values()) >= 12 and sum(1 for v in asked.values() if v) >= 2, asked
+    assert max(asked.values()) < sum(asked.values()) * 0.75, asked
+    for cache in caches:
+        cache.close()
