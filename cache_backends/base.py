@@ -32,6 +32,7 @@ import re
 from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Iterator, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Final, Union
 
@@ -220,6 +221,13 @@ class Cache(ABC):
             CacheReadOnlyError: the cache is read-only.
             CacheUnavailableError: the storage cannot be reached or is full.
         """
+
+    def fetch_lock(self, digests: list[str]) -> AbstractContextManager[set[str]] | None:
+        """An optional capability (None where the backend has none, the default): a context manager that holds, for
+        the processes of this host, the right to fetch blobs ``digests`` from a farther tier into this cache, waiting
+        a bounded time for another holder; entering it gives the digests another process was fetching.  A tiered
+        cache takes it in its near tier, then reads the near tier again (see :mod:`cache_backends.local_fetch`)."""
+        return None
 
     # ------------------------------------------------------------------------------------------------ refs
     @abstractmethod

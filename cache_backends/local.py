@@ -5,7 +5,8 @@ Layout under the root directory (see DESIGN.md, "Cache layout")::
     blob/<2 hex>/<62 hex>   zstd-compressed bytes, named by the sha256 of the *uncompressed* bytes
     ref/<artifact key>      a small text file holding one digest (the artifact's manifest); its mtime is the LRU clock
     stats.json              persisted counters (see :data:`cache_backends.base.COUNTERS`)
-    locks/                  ``filelock`` lock files (stats.lock, evict.lock)
+    locks/                  ``filelock`` lock files (stats.lock, evict.lock; fetch/: one download per host,
+                            :mod:`cache_backends.local_fetch`)
     tmp/                    files being removed (moved here first, checked, then unlinked)
 
 Every write goes to ``<name>.<uuid4 hex>.incomplete`` beside its target, is flushed and fsynced, then moved into
@@ -50,6 +51,7 @@ from cache_backends.base import (
 )
 from cache_backends.bounded import open_regular
 from cache_backends.local_counters import STATS_LOCK_TIMEOUT_S, LocalCountersMixin  # noqa: F401
+from cache_backends.local_fetch import DEFAULT_FETCH_WAIT_S, LocalFetchMixin
 from cache_backends.local_files import READ_ONLY_ERRNOS, LocalFilesMixin, drop_ident, lstat_or_none
 from cache_backends.local_heal import heal
 from cache_backends.local_upkeep import (  # noqa: F401 - manifest_blob_digests, the constants: re-exported
@@ -70,7 +72,7 @@ DEFAULT_GRACE_S = 60.0
 _MAX_READ_THREADS = 8
 
 
-class LocalCache(LocalUpkeepMixin, LocalCountersMixin, LocalFilesMixin, Cache):
+class LocalCache(LocalUpkeepMixin, LocalCountersMixin, LocalFilesMixin, LocalFetchMixin, Cache):
     """A blob store + ref table + counters in one directory; many processes may share it.
 
     Args:
@@ -85,6 +87,8 @@ class LocalCache(LocalUpkeepMixin, LocalCountersMixin, LocalFilesMixin, Cache):
         referenced_digests: overrides :attr:`referenced_digests` for this instance.
         create: False to open an existing cache only (commands that read or tidy one): a missing ``root`` is an
             error and no directory is created.
+        fetch_wait_s: seconds a process waits for another process of the host to fetch blobs into this cache from
+            a remote tier (:mod:`cache_backends.local_fetch`); 0: no per-host fetch lock.
 
     Raises:
         CacheUnavailableError: ``root`` exists and is not a directory, or cannot be created for a reason other
@@ -107,6 +111,7 @@ class LocalCache(LocalUpkeepMixin, LocalCountersMixin, LocalFilesMixin, Cache):
         level: int = DEFAULT_LEVEL,
         referenced_digests: Callable[[bytes], Iterable[str]] | None = None,
         create: bool = True,
+        fetch_wait_s: float = DEFAULT_FETCH_WAIT_S,
     ):
         self.root = Path(os.path.abspath(os.path.expanduser(os.fspath(root))))
         self._max_bytes_given = max_bytes is not None
@@ -116,6 +121,7 @@ class LocalCache(LocalUpkeepMixin, LocalCountersMixin, LocalFilesMixin, Cache):
         if grace_s < 0:
             raise ValueError(f"grace_s must be >= 0 seconds, got {grace_s!r}")
         self.grace_s = float(grace_s)
+        self.fetch_wait_s = max(0.0, float(fetch_wait_s))
         self.level = int(level)
         self._configured_read_only = bool(read_only)
         self.read_only = bool(read_only)
@@ -150,10 +156,11 @@ class LocalCache(LocalUpkeepMixin, LocalCountersMixin, LocalFilesMixin, Cache):
     # ------------------------------------------------------------------------------------------------ URLs
     @classmethod
     def from_url(cls, url: str, *, create: bool = True) -> LocalCache:
-        """Open ``file:///abs/dir[?max_bytes=N&read_only=1&grace_s=S&level=L]`` (``create``: as the constructor).
+        """Open ``file:///abs/dir[?max_bytes=N&read_only=1&grace_s=S&level=L&fetch_wait=S]`` (``create``: as the
+        constructor).
 
-        ``max_bytes`` is in bytes, ``grace_s`` in seconds; ``read_only`` takes 1/0/true/false.  The path is
-        percent-decoded.
+        ``max_bytes`` is in bytes, ``grace_s`` and ``fetch_wait`` (``fetch_wait_s``) in seconds; ``read_only`` takes
+        1/0/true/false.  The path is percent-decoded.
 
         Raises:
             CacheURLError: the scheme is not ``file``, the URL names a host, the path is not absolute, an option
@@ -178,6 +185,8 @@ class LocalCache(LocalUpkeepMixin, LocalCountersMixin, LocalFilesMixin, Cache):
             opts["grace_s"] = repr(self.grace_s)
         if self.level != DEFAULT_LEVEL:
             opts["level"] = self.level
+        if self.fetch_wait_s != DEFAULT_FETCH_WAIT_S:
+            opts["fetch_wait"] = repr(self.fetch_wait_s)
         return make_file_url(self.root.as_posix(), opts)
 
     # ------------------------------------------------------------------------------------------------ paths

@@ -15,14 +15,16 @@ URL_OPTIONS: dict[str, Callable[[str, str], object]] = {
     "read_only": parse_bool,
     "grace_s": parse_seconds,
     "level": parse_level,
+    "fetch_wait": parse_seconds,
 }
 
 
 def parse_file_url(url: str) -> tuple[str, dict[str, object]]:
-    """``(absolute directory, {option: value})`` of ``file:///abs/dir[?max_bytes=N&read_only=1&grace_s=S&level=L]``.
+    """``(absolute directory, {LocalCache keyword: value})`` of
+    ``file:///abs/dir[?max_bytes=N&read_only=1&grace_s=S&level=L&fetch_wait=S]``.
 
-    The path is percent-decoded; ``max_bytes`` is in bytes, ``grace_s`` in seconds, ``read_only`` takes
-    1/0/true/false.
+    The path is percent-decoded; ``max_bytes`` is in bytes, ``grace_s`` and ``fetch_wait`` (``fetch_wait_s``) in
+    seconds, ``read_only`` takes 1/0/true/false.
 
     Raises:
         CacheURLError: the scheme is not ``file``, the URL names a host, the path is not absolute, an option is
@@ -57,6 +59,8 @@ def parse_file_url(url: str) -> tuple[str, dict[str, object]]:
         if name in kwargs:
             raise CacheURLError(f"option {name!r} given twice in cache URL {url!r}")
         kwargs[name] = parse(name, raw)
+    if "fetch_wait" in kwargs:
+        kwargs["fetch_wait_s"] = kwargs.pop("fetch_wait")
     return path, kwargs
 
 

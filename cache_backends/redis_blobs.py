@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import zstandard
@@ -17,6 +18,7 @@ import zstandard
 from cache_backends import redis_codec as codec
 from cache_backends.base import MISS, Bounds, _Miss, blob_bound, check_name, digest_bytes
 from cache_backends.redis_codec import PIPELINE_BYTES, RAW_IF_SAVING_BELOW
+from cache_backends.redis_failover import current_deadline, retrying
 from precompile.errors import CacheError, InputLimitError
 
 log = logging.getLogger("precompile.cache")
@@ -59,6 +61,18 @@ def is_wrong_type(err: BaseException) -> bool:
 def type_name(reply: Any) -> str:
     """A TYPE reply as text (``"string"``, ``"none"``, ``"hash"``...)."""
     return reply.decode("ascii", "replace") if isinstance(reply, bytes) else str(reply)
+
+
+@dataclass
+class BlobsRead:
+    """What one pass over some blobs found: verified bytes, damaged blobs (``bad``), blobs over their bound
+    (``over``), the heads read (to drop the chunks of a damaged blob) and the bytes read (compressed)."""
+
+    found: dict[str, bytes] = field(default_factory=dict)
+    bad: list[str] = field(default_factory=list)
+    over: list[str] = field(default_factory=list)
+    heads: dict[str, Any] = field(default_factory=dict)
+    nread: int = 0
 
 
 class BlobsMixin:
@@ -117,6 +131,7 @@ class BlobsMixin:
         """
         return self.get_blobs([digest], max_bytes)[check_name(digest)]
 
+    @retrying
     def get_blobs(self, digests: list[str], max_bytes: Bounds = None) -> dict[str, bytes | _Miss]:
         """``{digest: bytes or MISS}``: heads in one pipelined round trip, then chunks in pipelined batches of
         about :data:`PIPELINE_BYTES`.  With a TTL, every key read is refreshed in the same pipelines.
@@ -136,29 +151,49 @@ class BlobsMixin:
         if not unique:
             return out
         bound = {d: blob_bound(max_bytes, d) for d in unique}
+        rest = unique
+        if self._replica_factory is not None:  # a cluster's replicas first; the masters for what they lack
+            found = self._read_from_replicas(unique, bound)
+            out.update(found)
+            rest = [d for d in unique if d not in found]
+        if rest:
+            read = self._read_blobs(self.client, rest, bound)
+            self._drop(read.bad, read.heads)
+            self._count(bytes_read=read.nread, errors=len(read.bad) + len(read.over), over_limit=len(read.over))
+            out.update(read.found)
+        return out
+
+    def _read_blobs(self, client: Any, unique: list[str], bound: dict[str, int], replica: bool = False) -> BlobsRead:
+        """Read and verify blobs ``unique`` (each at most ``bound[d]`` bytes) through ``client``; see
+        :meth:`get_blobs`.  Drops and counts nothing (the caller does).  With ``replica`` (the replica client), faults
+        are logged at debug level only (the master decides) and errors trip the replicas' breaker only.
+
+        Raises:
+            CacheUnavailableError: Redis cannot be reached, timed out or refused the read.
+        """
+        read = BlobsRead()
+        warn = log.debug if replica else log.warning
         refresh = self.ttl_s is not None and not self.read_only
-        with self._talk(f"reading {len(unique)} blob(s)"):
-            pipe = self.client.pipeline(transaction=False)
+        deadline = current_deadline()
+        with self._talk(f"reading {len(unique)} blob(s)", replica=replica):
+            pipe = client.pipeline(transaction=False)
             for d in unique:
                 pipe.getrange(self._head_key(d), 0, codec.head_limit(bound[d]))  # one byte more than may be
                 if refresh:
                     pipe.pexpire(self._head_key(d), int(self.ttl_s * 1000))
             replies = execute(pipe)
         # GETRANGE answers b"" for a missing key; a key of another type answers WRONG_TYPE (execute)
-        heads: dict[str, Any] = {d: h or None for d, h in zip(unique, replies[:: 2 if refresh else 1])}
-        bad: list[str] = []
-        over: list[str] = []
-        nread = 0
+        heads = read.heads = {d: h or None for d, h in zip(unique, replies[:: 2 if refresh else 1])}
         chunked: list[tuple[str, codec.ChunkedHead]] = []
         for d, head in heads.items():
             if head is WRONG_TYPE:
-                log.warning("Redis blob %s in %s is a key of another type, not a blob; dropping it", d[:12], self.url)
+                warn("Redis blob %s in %s is a key of another type, not a blob; dropping it", d[:12], self.url)
                 heads[d] = None
-                bad.append(d)
+                read.bad.append(d)
                 continue
             if head is None:
                 continue
-            nread += len(head)
+            read.nread += len(head)
             try:
                 if len(head) > codec.head_limit(bound[d]):
                     raise InputLimitError(f"its head holds more than the {codec.head_limit(bound[d])} bytes a blob "
@@ -166,49 +201,48 @@ class BlobsMixin:
                 if codec.head_kind(head) in (codec.INLINE_ZSTD, codec.INLINE_RAW):
                     data, why = codec.decode_inline(d, head, bound[d])
                     if data is None:
-                        log.warning("Redis blob %s in %s %s; dropping it", d[:12], self.url, why)
-                        bad.append(d)
+                        warn("Redis blob %s in %s %s; dropping it", d[:12], self.url, why)
+                        read.bad.append(d)
                     else:
-                        out[d] = data
+                        read.found[d] = data
                     continue
                 parsed = codec.parse_chunked(head)
                 if parsed is None:
-                    log.warning("Redis blob %s in %s has a garbled head; dropping it", d[:12], self.url)
-                    bad.append(d)
+                    warn("Redis blob %s in %s has a garbled head; dropping it", d[:12], self.url)
+                    read.bad.append(d)
                     continue
                 codec.check_chunked(parsed, bound[d])
                 chunked.append((d, parsed))
             except InputLimitError as err:
-                over.append(self._over_limit(d, err))
+                read.over.append(self._over_limit(d, err, warn))
         for d, parsed in chunked:
             try:
                 data, why = codec.read_chunked(d, parsed, lambda indices, limit, d=d: self._fetch_chunks(
-                    d, indices, limit, refresh), bound[d])
+                    d, indices, limit, refresh, client=client, replica=replica, deadline=deadline), bound[d])
             except InputLimitError as err:
-                over.append(self._over_limit(d, err))
+                read.over.append(self._over_limit(d, err, warn))
                 continue
             if data is None:
-                log.warning("Redis blob %s in %s %s; dropping it", d[:12], self.url, why)
-                bad.append(d)
+                warn("Redis blob %s in %s %s; dropping it", d[:12], self.url, why)
+                read.bad.append(d)
             else:
-                out[d] = data
-                nread += parsed.total
-        self._drop(bad, heads)
-        self._count(bytes_read=nread, errors=len(bad) + len(over), over_limit=len(over))
-        return out
+                read.found[d] = data
+                read.nread += parsed.total
+        return read
 
-    def _over_limit(self, digest: str, err: InputLimitError) -> str:
+    def _over_limit(self, digest: str, err: InputLimitError, warn: Callable[..., None] = log.warning) -> str:
         """A blob larger than its reader accepts: logged, left in place (counted by the caller); returns it."""
-        log.warning("Redis blob %s in %s is refused: %s; treated as a miss and left in place", digest[:12], self.url,
-                    err)
+        warn("Redis blob %s in %s is refused: %s; treated as a miss and left in place", digest[:12], self.url, err)
         return digest
 
-    def _fetch_chunks(self, digest: str, indices: range, limit: int, refresh: bool) -> list[bytes | None]:
+    def _fetch_chunks(self, digest: str, indices: range, limit: int, refresh: bool, *, client: Any = None,
+                      replica: bool = False, deadline: float | None = None) -> list[bytes | None]:
         """Chunks ``indices`` of a blob, each read to at most ``limit`` + 1 bytes (GETRANGE: a longer chunk shows as
         one byte too long, never as its whole length), in one pipelined round trip (with a TTL, refreshed in the same
-        trip); a missing chunk is None."""
-        with self._talk(f"reading blob {digest[:12]}"):
-            pipe = self.client.pipeline(transaction=False)
+        trip); a missing chunk is None.  ``client`` (default the masters'), ``replica`` and ``deadline`` (of the
+        calling thread's retried call: this runs in a helper thread) are passed to ``_talk``."""
+        with self._talk(f"reading blob {digest[:12]}", replica=replica, deadline=deadline):
+            pipe = (client or self.client).pipeline(transaction=False)
             for i in indices:
                 pipe.getrange(self._chunk_key(digest, i), 0, limit)
                 if refresh:
@@ -216,6 +250,7 @@ class BlobsMixin:
             # a chunk of another type reads as missing: the blob is a miss, and dropped with its chunks
             return [None if c is WRONG_TYPE else (c or None) for c in execute(pipe)[:: 2 if refresh else 1]]
 
+    @retrying
     def has_blob(self, digest: str) -> bool:
         """True if blob ``digest``'s head exists as a string (not verified; one TYPE): a key of another type in its
         place is no blob.
@@ -227,6 +262,7 @@ class BlobsMixin:
         with self._talk("checking a blob"):
             return type_name(self.client.type(self._head_key(check_name(digest)))) == "string"
 
+    @retrying
     def has_blobs(self, digests: list[str]) -> dict[str, bool]:
         """``{digest: exists}`` in one pipelined round trip (EXISTS, or with a TTL PEXPIRE, which refreshes what
         exists), plus one more to refresh the chunks of chunked blobs, so that a hit keeps every part of an
@@ -259,6 +295,7 @@ class BlobsMixin:
                     self._each_chunk(d, self._chunk_count(head) or 0, lambda p, k: p.pexpire(k, ms))
         return found
 
+    @retrying
     def put_blob(self, data: bytes, digest: str | None = None) -> str:
         """Store ``data`` zstd-compressed, or raw where zstd saves less than 3% (idempotent); return its digest.
 

@@ -30,6 +30,11 @@ is retried once; a timeout never is), and every cache of the process on that ser
 whose Redis is gone pays one timeout, not one per blob or per call.  Counter increments are queued and sent by a
 background thread, so counting never waits on the network.
 
+In a Redis Cluster, an operation that fails the way a failover makes it fail (a master gone, its replica not yet
+promoted) is retried with backoff for up to ``retry_s`` seconds before the breaker trips
+(:mod:`cache_backends.redis_failover`), and blobs are read from a random node of their slot, master or replica,
+then from the master where that copy is missing or damaged (:mod:`cache_backends.redis_replicas`).
+
 Every count and length read from Redis is bounded by what the data holds: a chunk count is trusted only as far
 as chunks exist (a garbled head claiming four billion chunks costs one round trip, not a four-billion-entry
 list), and a frame never decompresses past its stored length times zstd's largest ratio.
@@ -43,6 +48,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -53,8 +59,10 @@ import redis.exceptions as rex
 from cache_backends.base import HEX64, MISS, Cache, _Miss, check_name
 from cache_backends.redis_blobs import WRONG_TYPE, BlobsMixin, execute
 from cache_backends.redis_counters import CountersMixin
+from cache_backends.redis_failover import FailoverPending, current_deadline, is_failover, retrying
 from cache_backends.redis_health import Breaker, CounterSink, server_key
 from cache_backends.redis_leases import RELEASE_LUA, RENEW_LUA, LeasesMixin
+from cache_backends.redis_replicas import ReplicasMixin
 from cache_backends.redis_upkeep import UpkeepMixin
 from cache_backends.redis_url import DOWN_ERRORS as _DOWN_ERRORS
 from cache_backends.redis_url import open_client
@@ -71,7 +79,7 @@ DEFAULT_CHUNK_BYTES = 4 << 20
 DEFAULT_LEASE_TTL_S = 30.0
 #: Default seconds the cache fails fast after the server was found unavailable.
 DEFAULT_DOWN_S = 10.0
-class RedisCache(BlobsMixin, CountersMixin, LeasesMixin, UpkeepMixin, Cache):
+class RedisCache(ReplicasMixin, BlobsMixin, CountersMixin, LeasesMixin, UpkeepMixin, Cache):
     """Blobs, refs, leases and counters in one Redis database or Redis Cluster.
 
     Open it with :func:`cache_backends.open_cache` and a URL::
@@ -82,6 +90,10 @@ class RedisCache(BlobsMixin, CountersMixin, LeasesMixin, UpkeepMixin, Cache):
     Options: ``prefix`` (key prefix, default ``precompile``), ``ttl`` (seconds; every key expires unless read,
     a hit refreshes it; default none), ``chunk_size`` (bytes, ``4MiB`` style accepted; default 4 MiB),
     ``read_only`` (1/0), ``cluster`` (1: Redis Cluster through ``redis.cluster.RedisCluster``),
+    ``replica_reads`` (1/0, cluster only, default 1: blob heads and chunks are read from a random node of their
+    slot, master or replica, and from the master where a replica lacks them; :mod:`cache_backends.redis_replicas`),
+    ``retry_s`` (seconds an operation keeps retrying through a cluster failover, with backoff; default 10 for a
+    cluster, 0 for one server; :mod:`cache_backends.redis_failover`),
     ``lease_ttl`` (seconds a build lease lives unless renewed; default 30), ``wait`` (seconds a worker waits for
     another's build before building itself; default 600), ``timeout`` (socket timeout, seconds; default 5),
     ``down_s`` (seconds to fail fast after the server was unreachable; default 10), ``level`` (zstd level),
@@ -103,7 +115,7 @@ class RedisCache(BlobsMixin, CountersMixin, LeasesMixin, UpkeepMixin, Cache):
     def __init__(self, client: Any, *, url: str, prefix: str = "precompile", ttl_s: float | None = None,
                  chunk_bytes: int = DEFAULT_CHUNK_BYTES, read_only: bool = False, level: int = 3,
                  lease_ttl_s: float = DEFAULT_LEASE_TTL_S, wait_s: float = 600.0, down_s: float = DEFAULT_DOWN_S,
-                 counters: bool | None = None):
+                 counters: bool | None = None, retry_s: float = 0.0, replica_client: Any = None):
         if chunk_bytes <= 0:
             raise ValueError(f"chunk_bytes must be a positive number of bytes, got {chunk_bytes!r}")
         if ttl_s is not None and ttl_s <= 0:
@@ -122,7 +134,9 @@ class RedisCache(BlobsMixin, CountersMixin, LeasesMixin, UpkeepMixin, Cache):
         self.cluster = type(client).__name__ == "RedisCluster"
         #: whether counter increments are sent (the one write a read-only cache may be allowed)
         self.write_counters = (not read_only) if counters is None else bool(counters)
+        self.retry_s = float(retry_s)
         self._breaker = Breaker.for_server(server_key(url))
+        self._init_replicas(replica_client)
         self._pending: Counter[str] = Counter()  # counts this cache may not send (read-only, denied)
         self._sink = CounterSink.for_hash(server_key(url), self._counters_key, self._send_counts)
         self._lock = threading.Lock()
@@ -164,16 +178,38 @@ class RedisCache(BlobsMixin, CountersMixin, LeasesMixin, UpkeepMixin, Cache):
 
     # --------------------------------------------------------------------------------------- error handling
     @contextmanager
-    def _talk(self, what: str, write: bool = False) -> Iterator[None]:
-        """Run Redis commands; map redis-py errors to :class:`CacheError` and trip the breaker when down."""
+    def _talk(self, what: str, write: bool = False, *, replica: bool = False,
+              deadline: float | None = None) -> Iterator[None]:
+        """Run Redis commands; map redis-py errors to :class:`CacheError` and trip the breaker when down.
+
+        Inside a :func:`~cache_backends.redis_failover.retrying` call (or with an explicit ``deadline``, for a helper
+        thread), an error a cluster failover causes raises ``FailoverPending`` until the deadline, so that the call
+        runs again.  With ``replica`` (a read from the replica client), errors trip the replicas' own breaker only
+        and are logged at debug level: the caller reads from the masters instead."""
         if write and self.read_only:
             raise CacheReadOnlyError(self._read_only_message(what))
-        wait = self._breaker.open_for()
+        breaker = self._replica_breaker if replica else self._breaker
+        wait = breaker.open_for()
         if wait > 0:
-            raise CacheUnavailableError(f"Redis at {self.url} is unavailable ({self._breaker.reason}); "
-                                        f"not retrying for {wait:.1f} s more")
+            raise CacheUnavailableError(f"Redis at {self.url}{' (replicas)' if replica else ''} is unavailable "
+                                        f"({breaker.reason}); not retrying for {wait:.1f} s more")
+        deadline = current_deadline() if deadline is None else deadline
         try:
-            yield
+            try:
+                yield
+            except CacheError:
+                raise
+            except Exception as err:
+                if replica:  # the caller reads from the masters instead
+                    self._replica_failed(what, err)
+                    raise CacheUnavailableError(f"Redis replicas of {self.url} failed while {what}: {err}") from err
+                if is_failover(err) and self.retry_s > 0:
+                    if deadline is None:  # not a retried call (counters, upkeep): fails, but leaves the breaker
+                        raise CacheUnavailableError(f"Redis at {self.url} failed while {what}: "
+                                                    f"{type(err).__name__}: {err}") from err
+                    if time.monotonic() < deadline:
+                        raise FailoverPending(f"{what}: {type(err).__name__}: {err}") from err
+                raise
         except CacheError:
             raise
         except rex.NoPermissionError as err:
@@ -213,6 +249,7 @@ class RedisCache(BlobsMixin, CountersMixin, LeasesMixin, UpkeepMixin, Cache):
         return f"cannot {what}: Redis cache {self.url} is read-only ({why})"
 
     # ------------------------------------------------------------------------------------------------- refs
+    @retrying
     def get_ref(self, key: str) -> str | _Miss:
         """The manifest digest stored under artifact key ``key``, or :data:`MISS`.  With a TTL a hit refreshes
         the ref's expiry.  A value that is not a digest, or a key of another type (a hash, a list...), is dropped,
@@ -246,6 +283,7 @@ class RedisCache(BlobsMixin, CountersMixin, LeasesMixin, UpkeepMixin, Cache):
             return MISS
         return text
 
+    @retrying
     def set_ref(self, key: str, digest: str) -> None:
         """Point ``key`` at ``digest`` (one SET, atomic; with the TTL).
 
@@ -260,6 +298,7 @@ class RedisCache(BlobsMixin, CountersMixin, LeasesMixin, UpkeepMixin, Cache):
             px = int(self.ttl_s * 1000) if self.ttl_s is not None else None
             self.client.set(rkey, digest.encode(), px=px)
 
+    @retrying
     def delete_ref(self, key: str) -> bool:
         """Remove ``key``; True if it existed.
 
@@ -276,23 +315,26 @@ class RedisCache(BlobsMixin, CountersMixin, LeasesMixin, UpkeepMixin, Cache):
         Raises:
             CacheUnavailableError: Redis cannot be reached.
         """
+        yield from self._list_refs()
+
+    @retrying
+    def _list_refs(self) -> list[tuple[str, str]]:
         with self._talk("listing refs"):
             keys = [k for k in self._scan_keys(f"{self.prefix}:ref:*") if HEX64.match(k.rsplit(":", 1)[-1])]
             pipe = self.client.pipeline(transaction=False)
             for k in keys:
                 pipe.get(k)
             values = execute(pipe) if keys else []  # a ref of another type is skipped, as a garbled one is
-        for k, v in zip(keys, values):
-            text = v.decode("ascii", "replace") if isinstance(v, bytes) else ""
-            if HEX64.match(text):
-                yield k.rsplit(":", 1)[-1], text
+        texts = [v.decode("ascii", "replace") if isinstance(v, bytes) else "" for v in values]
+        return [(k.rsplit(":", 1)[-1], t) for k, t in zip(keys, texts) if HEX64.match(t)]
 
     def stats(self) -> dict[str, object]:
-        """Counters, ``hit_rate``, ``url``, ``backend``, ``prefix``, ``ttl_s``, ``chunk_bytes``, ``read_only``
-        and ``cluster``.  JSON-ready; never raises."""
+        """Counters, ``hit_rate``, ``url``, ``backend``, ``prefix``, ``ttl_s``, ``chunk_bytes``, ``read_only``,
+        ``cluster``, ``replica_reads`` and ``retry_s``.  JSON-ready; never raises."""
         out = super().stats()
         out.update({"prefix": self.prefix, "ttl_s": self.ttl_s, "chunk_bytes": self.chunk_bytes,
-                    "read_only": self.read_only, "cluster": self.cluster})
+                    "read_only": self.read_only, "cluster": self.cluster, "replica_reads": self.replica_reads,
+                    "retry_s": self.retry_s})
         return out
 
     # ------------------------------------------------------------------------- upkeep (precompile verify, gc)
@@ -310,6 +352,7 @@ class RedisCache(BlobsMixin, CountersMixin, LeasesMixin, UpkeepMixin, Cache):
         cluster client's node connections).  Never raises."""
         self._sink.flush()
         self._sink.detach(self._send_counts)
+        self._close_replicas()
         try:
             self.client.close()
         except (rex.RedisError, *_DOWN_ERRORS):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import secrets
 
 from cache_backends.base import check_name
+from cache_backends.redis_failover import retrying
 
 #: Compare-and-delete and compare-and-renew of a lease (the Redlock pattern for one instance,
 #: https://redis.io/docs/latest/develop/use/patterns/distributed-locks/).
@@ -18,6 +19,7 @@ class LeasesMixin:
     """The lease methods of :class:`cache_backends.redis_cache.RedisCache` (which provides ``_talk``,
     ``_lease_key``, ``lease_ttl_s`` and the registered scripts ``_renew`` and ``_release``)."""
 
+    @retrying
     def acquire_lease(self, key: str, ttl_s: float | None = None) -> str | None:
         """Try to take the build lease of artifact ``key``: ``SET P:lease:<key> <token> NX PX <ttl>``.
 
@@ -34,6 +36,7 @@ class LeasesMixin:
             got = self.client.set(self._lease_key(check_name(key, "artifact key")), token.encode(), nx=True, px=ms)
         return token if got else None
 
+    @retrying
     def renew_lease(self, key: str, token: str, ttl_s: float | None = None) -> bool:
         """Extend the lease to ``ttl_s`` from now if ``token`` still holds it (compare-and-PEXPIRE in Lua).
 
@@ -47,6 +50,7 @@ class LeasesMixin:
         with self._talk(f"renewing the build lease of {key[:12]}", write=True):
             return bool(self._renew(keys=[self._lease_key(key)], args=[token, ms]))
 
+    @retrying
     def release_lease(self, key: str, token: str) -> bool:
         """Delete the lease if ``token`` still holds it (compare-and-delete in Lua); True if deleted.
 
@@ -56,6 +60,7 @@ class LeasesMixin:
         with self._talk(f"releasing the build lease of {key[:12]}", write=True):
             return bool(self._release(keys=[self._lease_key(key)], args=[token]))
 
+    @retrying
     def lease_held(self, key: str) -> bool:
         """True if some worker holds the build lease of ``key`` now (one EXISTS; a read).
 

@@ -1,4 +1,4 @@
-"""Redis cache URLs: precompile's query options, the redis-py client they open, and password redaction.
+"""Redis cache URLs: precompile's query options, the redis-py clients they open, and password redaction.
 
 ``redis://[user[:password]@]host[:port][/db][?options]`` (TLS: ``rediss://``), or
 ``unix://[user[:password]@]/path/to/redis.sock[?db=N&options]``.  precompile's options are listed in
@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
@@ -27,6 +28,9 @@ from precompile.errors import CacheUnavailableError, CacheURLError
 
 #: Default socket timeout, seconds: a server that does not answer within it is unavailable.
 DEFAULT_TIMEOUT_S = 5.0
+#: Default seconds a Redis Cluster operation keeps retrying, with backoff, through a failover (a master gone and its
+#: replica not yet promoted: connections refused, CLUSTERDOWN, slots not covered); 0 for one redis-server.
+DEFAULT_CLUSTER_RETRY_S = 10.0
 
 #: Errors that mean the server cannot be used right now (trip the breaker).
 DOWN_ERRORS: tuple[type[BaseException], ...] = (rex.ConnectionError, rex.TimeoutError, rex.ClusterDownError,
@@ -47,12 +51,20 @@ URL_OPTIONS: dict[str, Callable[[str, str], object]] = {
     "down_s": parse_seconds,
     "level": parse_level,
     "counters": parse_bool,
+    "replica_reads": parse_bool,
+    "retry_s": parse_seconds,
 }
 
 #: URL option -> keyword argument of ``RedisCache.__init__``.
 _KWARGS = {"prefix": "prefix", "ttl": "ttl_s", "chunk_size": "chunk_bytes", "read_only": "read_only",
            "level": "level", "lease_ttl": "lease_ttl_s", "wait": "wait_s", "down_s": "down_s",
-           "counters": "counters"}
+           "counters": "counters", "retry_s": "retry_s"}
+
+#: Nodes of each Redis Cluster this process has seen (``host:port`` of the URL -> every node's ``(host, port)``),
+#: tried after the URL's own node when a cluster client is opened: a cache opened after the URL's node died (a
+#: master killed, its replica promoted) still finds the cluster.
+_KNOWN_NODES: dict[str, list[tuple[str, int]]] = {}
+_KNOWN_LOCK = threading.Lock()
 
 
 def open_client(url: str) -> tuple[Any, str, dict[str, Any]]:
@@ -61,12 +73,16 @@ def open_client(url: str) -> tuple[Any, str, dict[str, Any]]:
     Nothing is sent to the server (except by a cluster client, which asks a node for the slot map).
 
     Returns:
-        ``(client, url without the password, {RedisCache keyword: value})`` for the options the URL gives.
+        ``(client, url without the password, {RedisCache keyword: value})`` for the options the URL gives; for a
+        cluster with ``replica_reads`` (on unless ``replica_reads=0``), ``replica_client``: a function that opens a
+        second cluster client whose reads go to a random node of the slot, its master or one of its replicas
+        (READONLY connections; see :mod:`cache_backends.redis_replicas`).  ``retry_s`` is always given.
 
     Raises:
         CacheURLError: the scheme is not a Redis one, an option is unknown, repeated or malformed, or
-            ``cluster=1`` is combined with ``unix://`` or a database other than 0.
-        CacheUnavailableError: a cluster's node cannot be reached.
+            ``cluster=1`` is combined with ``unix://`` or a database other than 0, or ``replica_reads=1`` is
+            given without ``cluster=1``.
+        CacheUnavailableError: none of a cluster's known nodes can be reached.
     """
     parts = urlsplit(url.strip())
     scheme = parts.scheme.lower()
@@ -97,6 +113,10 @@ def open_client(url: str) -> tuple[Any, str, dict[str, Any]]:
     redis_url = f"{scheme}://{parts.netloc}{parts.path}" + (f"?{urlencode(passthrough)}" if passthrough else "")
     kwargs: dict[str, Any] = {"socket_timeout": timeout, "socket_connect_timeout": min(timeout, 2.0)}
     cluster = bool(ours.pop("cluster", False))
+    replica_reads = ours.pop("replica_reads", None)
+    if replica_reads and not cluster:
+        raise CacheURLError(f"replica_reads=1 needs a Redis Cluster (cluster=1), got {redact(url)!r}")
+    ours.setdefault("retry_s", DEFAULT_CLUSTER_RETRY_S if cluster else 0.0)
     try:
         from redis.backoff import ExponentialBackoff
         from redis.retry import Retry
@@ -109,9 +129,9 @@ def open_client(url: str) -> tuple[Any, str, dict[str, Any]]:
                 raise CacheURLError(f"cluster=1 needs a redis:// or rediss:// URL, got {redact(url)!r}")
             if parts.path.strip("/") not in ("", "0"):
                 raise CacheURLError(f"a Redis Cluster has only database 0, got {redact(url)!r}")
-            from redis.cluster import RedisCluster
-
-            client = RedisCluster.from_url(redis_url, **kwargs)
+            client = _cluster_client(redis_url, kwargs)
+            if replica_reads is not False:
+                ours["replica_client"] = lambda: _cluster_client(redis_url, kwargs, replicas=True)
         else:
             client = redis.Redis.from_url(redis_url, **kwargs)
     except CacheURLError:
@@ -120,7 +140,35 @@ def open_client(url: str) -> tuple[Any, str, dict[str, Any]]:
         raise CacheURLError(f"invalid Redis URL {redact(url)!r}: {err}") from err
     except DOWN_ERRORS as err:  # the cluster client contacts a node at construction
         raise CacheUnavailableError(f"Redis cluster at {redact(url)} cannot be reached: {err}") from err
-    return client, redact(url), {_KWARGS[k]: v for k, v in ours.items()}
+    return client, redact(url), {_KWARGS.get(k, k): v for k, v in ours.items()}
+
+
+def _cluster_client(redis_url: str, kwargs: dict[str, Any], replicas: bool = False) -> Any:
+    """A ``RedisCluster`` for ``redis_url``; with ``replicas``, reads (GET, GETRANGE...) go to a random node of the key's
+    slot, its master or a replica, over READONLY connections, and writes to its master.  When the URL's node cannot
+    be reached (a master killed, its replica promoted), the other nodes of that cluster this process has seen are
+    tried.
+
+    Raises:
+        redis.exceptions.RedisClusterException, ConnectionError...: no node answers.
+    """
+    from redis.cluster import ClusterNode, LoadBalancingStrategy, RedisCluster
+
+    parts = urlsplit(redis_url)
+    where = f"{parts.hostname}:{parts.port or 6379}"
+    extra: dict[str, Any] = {"load_balancing_strategy": LoadBalancingStrategy.RANDOM} if replicas else {}
+    try:
+        client = RedisCluster.from_url(redis_url, **extra, **kwargs)
+    except DOWN_ERRORS:
+        with _KNOWN_LOCK:
+            known = [ClusterNode(h, p) for h, p in _KNOWN_NODES.get(where, []) if f"{h}:{p}" != where]
+        if not known:
+            raise
+        client = RedisCluster.from_url(redis_url, startup_nodes=known, **extra, **kwargs)
+    nodes = [(n.host, int(n.port)) for n in client.get_nodes()]
+    with _KNOWN_LOCK:
+        _KNOWN_NODES[where] = nodes[:64]
+    return client
 
 
 def redis_url_options() -> frozenset[str]:

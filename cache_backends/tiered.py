@@ -4,7 +4,9 @@ Opened from a list of URLs, or one string with the URLs separated by ``|`` (firs
 
     open_cache("file:///var/cache/precompile|redis://cache:6379/0?ttl=604800")
 
-- Reads go to the local tier first; a local miss reads the remote and backfills the local tier.  A ref found
+- Reads go to the local tier first; a local miss reads the remote and backfills the local tier, once per host: the
+  processes of a host that miss the same blob take a lock in the local directory, and the one that holds it first
+  fetches while the others wait, then read its copy (:mod:`cache_backends.local_fetch`).  A ref found
   only remotely is backfilled with every blob its manifest names, then the local ref is written, so the local
   tier alone can serve the artifact later (when the remote is down, say).
 - Writes go to both (write-through): local first, then remote.
@@ -154,7 +156,9 @@ class TieredCache(Cache):
     def get_blobs(self, digests: list[str], max_bytes: Bounds = None) -> dict[str, bytes | _Miss]:
         """Local first; the local misses in one remote ``get_blobs`` (pipelined for Redis), backfilled (except a
         manifest whose signature did not check, see the module docstring).  Both tiers bound each blob by
-        ``max_bytes`` (:meth:`Cache.get_blobs`).
+        ``max_bytes`` (:meth:`Cache.get_blobs`).  The misses are fetched under the local tier's per-host
+        :meth:`~Cache.fetch_lock`, after reading the local tier again: of N processes of a host that miss a blob
+        together, one fetches it and the others read its copy (counted under ``near_waits``).
 
         Raises:
             ValueError: a digest is malformed.
@@ -166,13 +170,36 @@ class TieredCache(Cache):
             if len(held) <= blob_bound(max_bytes, d):
                 out[d] = held
         missing = [d for d, v in out.items() if v is MISS]
-        if missing:
-            got = self._remote(f"reading {len(missing)} blob(s)", lambda: self.remote.get_blobs(missing, max_bytes),
-                               {}, needed=True)
-            found = {d: v for d, v in got.items() if v is not MISS}
-            self._backfill(found)  # type: ignore[arg-type]
-            out.update(found)
+        lock = self.local.fetch_lock(missing) if missing else None
+        if lock is None:
+            if missing:
+                out.update(self._fetch(missing, max_bytes))
+            return out
+        with lock:  # one download per host: whoever holds it fetches, the others then read the near copy
+            again = self.local.get_blobs(missing, max_bytes)
+            near = {d: v for d, v in again.items() if v is not MISS}
+            if near:
+                self.local.incr(near_waits=len(near))
+                out.update(near)
+            rest = [d for d in missing if d not in near]
+            if rest:
+                out.update(self._fetch(rest, max_bytes))
         return out
+
+    def _fetch(self, digests: list[str], max_bytes: Bounds) -> dict[str, bytes]:
+        """The blobs of ``digests`` the remote has, verified, backfilled into the local tier and counted there
+        (``remote_blobs``, ``remote_bytes``: uncompressed bytes this host fetched).
+
+        Raises:
+            CacheUnavailableError: the remote failed.
+        """
+        got = self._remote(f"reading {len(digests)} blob(s)", lambda: self.remote.get_blobs(digests, max_bytes),
+                           {}, needed=True)
+        found: dict[str, bytes] = {d: v for d, v in got.items() if v is not MISS}  # type: ignore[misc]
+        self._backfill(found)
+        if found:
+            self.local.incr(remote_blobs=len(found), remote_bytes=sum(len(v) for v in found.values()))
+        return found
 
     def has_blob(self, digest: str) -> bool:
         """True if either tier has the blob.

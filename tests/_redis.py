@@ -126,30 +126,96 @@ class RedisServer:
 
 
 class RedisCluster:
-    """Three redis-server masters (no replicas) joined by ``redis-cli --cluster create``."""
+    """A Redis Cluster of real redis-server processes joined by ``redis-cli --cluster create``: ``masters`` masters
+    with ``replicas`` replicas each (nodes ``0..masters-1`` start as masters), ``cluster-node-timeout`` of
+    ``node_timeout_ms`` (a master silent that long is failed over to its replica)."""
 
-    def __init__(self, workdir: Path, masters: int = 3):
-        self.nodes = []
-        for i in range(masters):
+    def __init__(self, workdir: Path, masters: int = 3, replicas: int = 0, node_timeout_ms: int = 2000,
+                 extra: tuple[str, ...] = ()):
+        self.masters, self.replicas = masters, replicas
+        self.nodes: list[RedisServer] = []
+        ports: set[int] = set()
+        for i in range(masters * (1 + replicas)):
+            port = free_port()
+            while port in ports or port + 10000 in ports or port - 10000 in ports:
+                port = free_port()
+            ports.add(port)
             d = Path(workdir) / f"node{i}"
             self.nodes.append(RedisServer(d, "--cluster-enabled", "yes", "--cluster-config-file",
-                                          str(d / "nodes.conf"), "--cluster-node-timeout", "2000"))
+                                          str(d / "nodes.conf"), "--cluster-node-timeout", str(node_timeout_ms),
+                                          "--repl-diskless-sync-delay", "0", "--repl-ping-replica-period", "1", *extra,
+                                          port=port))
 
     def start(self) -> RedisCluster:
         for n in self.nodes:
             n.start()
         addrs = [f"127.0.0.1:{n.port}" for n in self.nodes]
-        subprocess.run([REDIS_CLI, "--cluster", "create", *addrs, "--cluster-replicas", "0", "--cluster-yes"],
-                       check=True, capture_output=True, timeout=60)
-        deadline = time.monotonic() + 30
+        subprocess.run([REDIS_CLI, "--cluster", "create", *addrs, "--cluster-replicas", str(self.replicas),
+                        "--cluster-yes"], check=True, capture_output=True, timeout=60)
+        self.wait_ok(60)
+        return self
+
+    def alive(self) -> list[RedisServer]:
+        return [n for n in self.nodes if n.proc is not None and n.proc.poll() is None]
+
+    def info(self, node: RedisServer, section: str) -> dict:
+        return node.client().info(section)
+
+    def wait_ok(self, timeout_s: float = 30, replicas: int | None = None) -> None:
+        """Until every live node says ``cluster_state:ok`` and every replica's link to its master is up (so that a
+        blob written now reaches the replicas), with ``replicas`` replicas (default: as many as were created)."""
+        want = self.masters * self.replicas if replicas is None else replicas
+        deadline = time.monotonic() + timeout_s
         while True:
-            infos = [n.client().execute_command("CLUSTER INFO") for n in self.nodes]
-            text = [str(i.get("cluster_state")) if isinstance(i, dict) else str(i) for i in infos]
-            if all(t == "ok" or "cluster_state:ok" in t for t in text):
-                return self
+            try:
+                alive = self.alive()
+                ok = all(self._field(n.client().execute_command("CLUSTER INFO"), "cluster_state") == "ok"
+                         for n in alive)
+                repl = [self.info(n, "replication") for n in alive]
+                slaves = [r for r in repl if r.get("role") == "slave"]
+                linked = all(r.get("master_link_status") == "up" for r in slaves)
+                # and every node's slot map names the replicas (a client reads replicas from it)
+                per_range = [len(r) - 2 for n in alive for r in n.client().execute_command("CLUSTER SLOTS")]
+                if ok and len(slaves) >= want and linked and min(per_range, default=0) >= 1 + want // self.masters:
+                    return
+            except Exception:  # noqa: BLE001 - a node still starting
+                pass
             if time.monotonic() > deadline:
-                raise RuntimeError(f"cluster did not become ok: {text}")
+                raise RuntimeError(f"cluster not ok after {timeout_s} s")
             time.sleep(0.1)
+
+    @staticmethod
+    def _field(info: object, name: str) -> str:
+        if isinstance(info, dict):
+            return str(info.get(name))
+        text = info.decode() if isinstance(info, bytes) else str(info)
+        for line in text.splitlines():
+            if line.startswith(name + ":"):
+                return line.split(":", 1)[1].strip()
+        return ""
+
+    def role(self, node: RedisServer) -> str:
+        """``"master"`` or ``"slave"`` (as INFO replication says)."""
+        return str(self.info(node, "replication").get("role"))
+
+    def master_of(self, replica: RedisServer) -> RedisServer:
+        port = int(self.info(replica, "replication")["master_port"])
+        return next(n for n in self.nodes if n.port == port)
+
+    def masters_now(self) -> list[RedisServer]:
+        return [n for n in self.alive() if self.role(n) == "master"]
+
+    def replicas_of(self, master: RedisServer) -> list[RedisServer]:
+        return [n for n in self.alive() if self.role(n) == "slave" and self.master_of(n) is master]
+
+    def node_of(self, key: str) -> RedisServer:
+        """The live master serving ``key``'s slot now."""
+        slot = int(self.alive()[0].client().execute_command("CLUSTER KEYSLOT", key))
+        for n in self.masters_now():
+            for start, end, *_ in n.client().execute_command("CLUSTER SLOTS"):
+                if start <= slot <= end and _[0][1] == n.port:
+                    return n
+        raise RuntimeError(f"no master serves slot {slot}")
 
     def url(self, **options: object) -> str:
         query = "&".join(f"{k}={v}" for k, v in {"cluster": 1, **options}.items())

@@ -4,6 +4,8 @@ and a remote that is down, stalled or returns garbage never fails a call or cost
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 import time
 
 import pytest
@@ -137,3 +139,103 @@ def test_read_only_remote_waits_for_the_fleets_build(artifacts, tmp_path, redis_
     assert art.outcome == "waited" and time.monotonic() - start >= 1.4
     assert_same_output(art(*c.inputs), c.expected)
     assert LocalCache(tmp_path / "near").get_ref(c.art.key) is not MISS  # kept on this machine too
+
+
+# ------------------------------------------------------------------------------- one download per host
+FETCH_SNIPPET = r"""
+import json, os, sys, time
+from pathlib import Path
+from cache_backends import open_cache
+url, go, digests = sys.argv[1], Path(sys.argv[2]), sys.argv[3].split(",")
+cache = open_cache(url)
+while not go.exists():
+    time.sleep(0.002)
+got = cache.get_blobs(digests)
+print(json.dumps({d: v.hex()[:16] if v else None for d, v in got.items()}))
+"""
+
+
+def test_workers_of_one_host_fetch_each_blob_from_redis_once(tmp_path, redis_server):
+    """Six processes behind one near directory miss the same twelve blobs at the same moment: Redis serves each
+    blob once (its bytes_read grows by one copy's), the local tier counts twelve remote fetches, and every process
+    gets every blob whole."""
+    from conftest import spawn_python
+
+    remote = open_cache(redis_server.url(chunk_size="64KiB"))
+    blobs = [os.urandom(200_000) for _ in range(12)]  # chunked: 4 chunks each
+    digests = [remote.put_blob(b) for b in blobs]
+    before = remote.counters()["bytes_read"]
+    assert remote.get_blobs(digests) == dict(zip(digests, blobs))
+    one_copy = remote.counters()["bytes_read"] - before
+    go = tmp_path / "go"
+    url = f"file://{tmp_path / 'near'}?fetch_wait=60|{redis_server.url(chunk_size='64KiB')}"
+    procs = [spawn_python(FETCH_SNIPPET, url, str(go), ",".join(digests), timeout=120) for _ in range(6)]
+    time.sleep(1.0)  # let them import and open the cache
+    go.touch()
+    reports = [p.json() for p in procs]
+    want = {d: b.hex()[:16] for d, b in zip(digests, blobs)}
+    assert all(r == want for r in reports), "a process got wrong or missing blobs"
+    near = LocalCache(tmp_path / "near").counters()
+    assert near["remote_blobs"] == 12, near
+    assert remote.counters()["bytes_read"] - before == 2 * one_copy, "Redis served some blob twice to one host"
+    assert near["near_waits"] + near["remote_blobs"] <= 6 * 12
+
+
+FETCH_HOLDER = r"""
+import sys, time
+from cache_backends.local import LocalCache
+with LocalCache(sys.argv[1]).fetch_lock(sys.argv[2].split(",")):
+    print("held", flush=True)
+    time.sleep(120)
+"""
+
+
+def test_a_stuck_fetch_lock_holder_costs_the_wait_bound_and_a_killed_one_nothing(tmp_path, redis_server, caplog):
+    """A process of the host holds the fetch lock and never fetches (stuck): a reader waits ``fetch_wait`` seconds,
+    then fetches the blob itself.  Killed with SIGKILL, it holds nothing (the kernel drops its flock): the next
+    reader fetches at once."""
+    import signal
+    import subprocess
+    import sys
+
+    from conftest import python_env
+
+    remote = open_cache(redis_server.url())
+    data = os.urandom(5000)
+    digest = remote.put_blob(data)
+    near = tmp_path / "near"
+    LocalCache(near)
+    holder = subprocess.Popen([sys.executable, "-c", FETCH_HOLDER, str(near), digest], stdout=subprocess.PIPE,
+                              text=True, env=python_env())
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        cache = open_cache(f"file://{near}?fetch_wait=0.5|{redis_server.url()}")
+        start = time.monotonic()
+        with caplog.at_level(logging.WARNING, logger="precompile.cache"):
+            assert cache.get_blob(digest) == data
+        assert time.monotonic() - start < 5, "the wait for a stuck holder is not bounded"
+        assert any("fetching them here as well" in r.getMessage() for r in caplog.records)
+        LocalCache(near)._blob_path(digest).unlink()  # as if never fetched
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.wait(timeout=10)
+        caplog.clear()
+        cache = open_cache(f"file://{near}?fetch_wait=60|{redis_server.url()}")
+        start = time.monotonic()
+        with caplog.at_level(logging.WARNING, logger="precompile.cache"):
+            assert cache.get_blob(digest) == data
+        assert time.monotonic() - start < 5, "a killed holder still blocks the others"
+        assert not any("fetching them here as well" in r.getMessage() for r in caplog.records)
+    finally:
+        holder.kill()
+        holder.wait(timeout=10)
+
+
+def test_a_near_hit_takes_no_fetch_lock(tmp_path, redis_server):
+    cache = open_cache(f"file://{tmp_path / 'near'}|{redis_server.url()}")
+    digest = open_cache(redis_server.url()).put_blob(b"part")
+    assert cache.get_blob(digest) == b"part"  # fetched under the lock, backfilled
+    locks = tmp_path / "near" / "locks" / "fetch"
+    assert locks.is_dir()
+    shutil.rmtree(locks)
+    assert cache.get_blobs([digest]) == {digest: b"part"}
+    assert not locks.exists(), "a blob the near tier has was read under the fetch lock"

@@ -1,0 +1,105 @@
+"""One download per host: the lock a tiered cache takes in its local directory before fetching blobs from the remote.
+
+N worker processes on one host behind ``file://DIR|redis://...`` that miss the same blobs at the same moment would
+each fetch them from Redis.  Instead each takes, per blob, a lock file under ``DIR/locks/fetch/`` (``filelock``:
+``flock``, released by the kernel when its holder exits or is killed), re-reads the local tier once it holds it
+(double-checked, as dogpile's creator does), and fetches and backfills only what is still missing; the others
+wait for the lock, then find the blobs in the local tier.  Locks are striped by the first three hex digits of the
+digest (at most 4096 lock files), taken in order, so two processes never wait on each other in a circle.
+
+Waiting is bounded: after ``fetch_wait`` seconds (a holder stalled, SIGSTOPped, or on a file system whose locks do
+not work) a process fetches without the lock; a lock that cannot be made (an unwritable ``locks/``) is skipped.
+The lock only saves downloads: correctness never depends on it (every blob is verified on every read).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from types import TracebackType
+
+import filelock
+
+log = logging.getLogger("precompile.cache")
+
+#: Default seconds a process waits for another process of its host to fetch the blobs it needs.
+DEFAULT_FETCH_WAIT_S = 30.0
+
+
+class FetchLock:
+    """The per-host fetch locks of some blobs in one local cache directory; a context manager.
+
+    Entering it takes the lock of every blob (waiting at most ``wait_s`` seconds in all) and returns the digests
+    whose lock another process held when asked, so was waited for.  Leaving releases them.
+
+    Args:
+        lock_dir: the local cache's ``locks/`` directory (``fetch/`` is made in it).
+        digests: the blobs about to be fetched.
+        wait_s: the most seconds to wait in all; past it, the remaining locks are not taken.
+    """
+
+    def __init__(self, lock_dir: Path, digests: list[str], wait_s: float):
+        self.dir = lock_dir / "fetch"
+        self.digests = list(dict.fromkeys(digests))
+        self.wait_s = float(wait_s)
+        self._held: list[filelock.BaseFileLock] = []
+        #: seconds spent waiting for other holders (0.0 when every lock was free)
+        self.waited_s = 0.0
+        #: stripes whose lock was not taken in time (then fetched without it)
+        self.timed_out = 0
+
+    def __enter__(self) -> set[str]:
+        deadline = time.monotonic() + self.wait_s
+        waited: set[str] = set()
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            log.debug("no per-host fetch lock in %s: %s", self.dir, err)
+            return waited
+        for stripe in sorted({d[:3] for d in self.digests}):
+            lock = filelock.FileLock(str(self.dir / f"{stripe}.lock"), is_singleton=False, fallback_to_soft=False)
+            try:
+                lock.acquire(timeout=0)
+            except filelock.Timeout:
+                waited.add(stripe)
+                start = time.monotonic()
+                try:
+                    lock.acquire(timeout=max(0.0, deadline - start), poll_interval=0.01)
+                except filelock.Timeout:
+                    self.timed_out += 1
+                    continue
+                finally:
+                    self.waited_s += time.monotonic() - start
+            except (OSError, NotImplementedError) as err:  # cannot make or lock the file: fetch without it
+                log.debug("per-host fetch lock %s not taken: %s", stripe, err)
+                continue
+            self._held.append(lock)
+        if self.timed_out:
+            log.warning("waited %.1f s for another process of this host to fetch %d blob(s) into %s; fetching them "
+                        "here as well", self.wait_s, len(self.digests), self.dir.parent.parent)
+        return {d for d in self.digests if d[:3] in waited}
+
+    def __exit__(self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None) -> None:
+        for lock in reversed(self._held):
+            try:
+                lock.release()
+            except OSError as release_err:  # the kernel drops it with the descriptor anyway
+                log.debug("releasing a fetch lock in %s: %s", self.dir, release_err)
+        self._held.clear()
+
+
+class LocalFetchMixin:
+    """``fetch_lock`` of a :class:`~cache_backends.local.LocalCache` (which provides ``_lock_dir``, ``read_only`` and
+    ``fetch_wait_s``)."""
+
+    _lock_dir: Path
+    read_only: bool
+    fetch_wait_s: float
+
+    def fetch_lock(self, digests: list[str]) -> FetchLock | None:
+        """The per-host lock on fetching ``digests`` into this directory (:class:`FetchLock`), or None when this
+        cache is read-only (nothing is backfilled) or ``fetch_wait`` is 0."""
+        if self.read_only or self.fetch_wait_s <= 0 or not digests:
+            return None
+        return FetchLock(self._lock_dir, digests, self.fetch_wait_s)
