@@ -60,7 +60,7 @@ log = logging.getLogger("bench_fleet")
 def _args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workers", default="16,64", help="fleet sizes, comma-separated")
-    p.add_argument("--keys", type=int, default=3, help="graphs (artifact keys) every worker gets")
+    p.add_argument("--keys", type=int, default=4, help="graphs (artifact keys) every worker gets")
     p.add_argument("--cluster", action="store_true", help="also a Redis Cluster of 3 masters with 1 replica each")
     p.add_argument("--no-single", action="store_true", help="skip the single redis-server target")
     p.add_argument("--tiered", action="store_true", help="also a warm storm behind one shared near directory")
@@ -77,7 +77,8 @@ def _args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _replica_reads(mode: str) -> bool:
+def _replica_reads(mode: str) -> tuple[bool, bool]:
+    """``(replica reads on, the URL option exists)``."""
     from cache_backends.redis_url import URL_OPTIONS
 
     accepted = "replica_reads" in URL_OPTIONS
@@ -85,7 +86,7 @@ def _replica_reads(mode: str) -> bool:
         raise SystemExit("--replica-reads on: the installed cache_backends has no replica_reads URL option")
     if mode == "auto" and not accepted:
         log.warning("the installed cache_backends has no replica_reads option: the cluster is measured without it")
-    return accepted if mode == "auto" else mode == "on"
+    return (accepted if mode == "auto" else mode == "on"), accepted
 
 
 def _mem_available() -> int:
@@ -98,7 +99,7 @@ def _mem_available() -> int:
 class Bench:
     def __init__(self, a: argparse.Namespace, work: Path):
         self.a, self.work = a, work
-        self.replica_reads = _replica_reads(a.replica_reads) if a.cluster else False
+        self.replica_reads, self.replica_reads_option = _replica_reads(a.replica_reads) if a.cluster else (False, False)
         self.result: dict = {"storms": [], "faults": [], "skipped": [], "lone": {}, "keys": a.keys,
                              "cpus": os.cpu_count(), "replica_reads": self.replica_reads}
         self.seq = 0
@@ -109,8 +110,8 @@ class Bench:
         self.seq += 1
         d = self.work / f"{kind}-{self.seq}"
         target = start_cluster(d) if kind == "cluster" else start_single(d)
-        if kind == "cluster" and self.replica_reads:
-            target.options["replica_reads"] = 1
+        if kind == "cluster" and self.replica_reads_option:
+            target.options["replica_reads"] = int(self.replica_reads)
         return target
 
     def storm(self, target: Target, n: int, storm: str, url: str | None = None, **kw) -> dict:
@@ -151,7 +152,9 @@ class Bench:
                 self.result["storms"].append(self.storm(target, n, "warm"))
                 if self.a.tiered:
                     near = self.work / f"near-{self.seq}"
-                    self.result["storms"].append(self.storm(target, n, "tiered", url=f"file://{near}|{target.url()}"))
+                    tiered = self.storm(target, n, "tiered", url=f"file://{near}|{target.url()}")
+                    tiered["near_counters"] = _near_counters(near)
+                    self.result["storms"].append(tiered)
             finally:
                 target.close()
 
@@ -200,6 +203,15 @@ class Bench:
                 self.result["faults"].append(s)
             finally:
                 target.close()
+
+
+def _near_counters(near: Path) -> dict:
+    """The near tier's own counters after a tiered storm (``near_waits``, ``remote_blobs``, ``remote_bytes`` where
+    the backend counts them)."""
+    from cache_backends import open_cache
+
+    counters = open_cache(f"file://{near}").counters()
+    return {k: v for k, v in counters.items() if k.startswith(("near_", "remote_"))}
 
 
 def _node_names(target: Target) -> dict[str, str]:

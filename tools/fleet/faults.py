@@ -4,8 +4,8 @@ Each fault is a function ``fault(run) -> dict`` that :func:`tools.fleet.storm.ru
 GO on; :data:`FAULTS` says how each one's storm is set up (which keys are stored beforehand, extra URL options).
 
 - ``kill-master``: ``kill -9`` of the master holding the most stored bytes (other than the URL's node),
-  ``delay_s`` after GO, while the workers load (every key stored).  Its replica is promoted after ``cluster-node-timeout``; the seconds until the
-  cluster is ``ok`` again are reported.  On a single redis-server the server itself is killed.
+  ``delay_s`` after GO, while the workers load (every key stored).  Its replica is promoted after
+  ``cluster-node-timeout``; the seconds until the cluster is ``ok`` again are reported.  Cluster only.
 - ``kill-builder``: key 0 is not stored, the lease TTL is 5 s; the first worker that starts Inductor's compiler
   (the build-lease holder: a load never imports it) is killed with SIGKILL.  Another worker takes the lease over
   once it expires.
@@ -165,5 +165,6 @@ def verify(url: str, env_dir) -> dict:
         return {"ok": False, "problems": [f"verify exited with {res.returncode}: {res.stderr[-500:]}"]}
     tiers = doc.get("tiers", [])
     return {"ok": bool(doc.get("ok")) and res.returncode == 0,
-            "refs": sum(t.get("refs_checked", 0) for t in tiers), "blobs": sum(t.get("blobs_checked", 0) for t in tiers),
+            "refs": sum(t.get("refs_checked", 0) for t in tiers),
+            "blobs": sum(t.get("blobs_checked", 0) for t in tiers),
             "problems": [p for t in tiers for p in t.get("problems", [])][:5]}

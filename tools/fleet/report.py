@@ -45,6 +45,13 @@ def print_tables(result: dict) -> None:
                       str(s["wrong_outputs"]), str(len(s["crashed"])))
         con.print(t)
         _node_table(con, [s for s in storms if s["workers"] == n], f"bytes served per node (KiB), N={n}")
+    for s in storms:
+        if "near_counters" in s:
+            c = s["near_counters"]
+            con.print(f"tiered, {s['target']} N={s['workers']}: Redis served {_kib(s['served_bytes'])} KiB to the "
+                      f"host; the near tier fetched {c.get('remote_blobs', '?')} blobs, "
+                      f"{c.get('remote_bytes', '?')} bytes (one copy of the {s['keys']} artifacts: "
+                      f"{s['artifact_bytes']} bytes), near_waits {c.get('near_waits', '?')}")
     lone = result["lone"]
     if lone:
         con.print("lone worker, seconds to first output (median): " + ", ".join(
@@ -113,7 +120,6 @@ def summary_line(result: dict) -> dict:
             "wrong_outputs": sum(s["wrong_outputs"] for s in result["storms"] + result["faults"]),
             "faults_run": len(result["faults"]), "target": kind, "replica_reads": result["replica_reads"]}
     tiered = pick.get("tiered")
-    lone_bytes = [s["served_bytes"] for s in result["storms"] if s["storm"] == "lone" and s["target"] == kind]
-    if tiered and lone_bytes:
-        line["downloads_per_host"] = round(tiered["served_bytes"] / min(lone_bytes), 2)
+    if tiered and tiered.get("near_counters", {}).get("remote_bytes") is not None and tiered["artifact_bytes"]:
+        line["downloads_per_host"] = round(tiered["near_counters"]["remote_bytes"] / tiered["artifact_bytes"], 2)
     return line

@@ -181,7 +181,8 @@ def summarize(run: Run, nodes: dict[int, dict], n: int, keys: int, label: str) -
             "peak_clients": sum(d["peak_clients"] for d in nodes.values()),
             "redis_cpu_s": sum(d["cpu_s"] for d in nodes.values()),
             "warnings": dict(warnings.most_common(8)),
-            "artifact_keys": sorted({(k["k"], k["key"]) for k in per_key})}
+            "artifact_keys": sorted({(k["k"], k["key"]) for k in per_key}),
+            "artifact_bytes": sum({k["key"]: k["artifact_bytes"] for k in per_key}.values())}
 
 
 def _shape(line: str) -> str:

@@ -213,8 +213,9 @@ def _raw_info(client: redis.Redis) -> tuple[dict[str, str], int]:
 class Sampler:
     """Samples every node's ``INFO stats cpu clients`` every ``period`` seconds in a thread, from the moment it is
     entered to the moment it exits.  Keeps each node's first and last answer, its peak ``connected_clients``
-    above the first answer's (the sampler's own connection and a replica's link to its master are there already) and the bytes of its own INFO replies, which :meth:`deltas` takes off the
-    bytes served.  A node that stops answering (killed, stopped) keeps its last answer."""
+    above the first answer's (the sampler's own connection and a replica's link to its master are there already)
+    and the bytes of its own INFO replies, which :meth:`deltas` takes off the bytes served.  A node that stops
+    answering (killed, stopped) keeps its last answer."""
 
     def __init__(self, nodes: list[Node], period: float = 0.1):
         self.nodes, self.period = nodes, period
