@@ -11,8 +11,8 @@ GO on; :data:`FAULTS` says how each one's storm is set up (which keys are stored
   once it expires.
 - ``oom``: key 0 is not stored; the moment a worker starts building it, every master gets ``maxmemory 1`` with
   ``maxmemory-policy noeviction``, so that the store is refused (OOM).  Set back to 0 after the storm.
-- ``kill-seed`` (only by name): the same, of the node the URL names, the one every worker asks for the cluster's
-  slot map when it opens the cache.
+- ``kill-seed`` (only by name): ``kill -9`` at GO of the master the URL names, the node every worker asks for the
+  cluster's slot map when it opens the cache.
 - ``stop-node``: ``SIGSTOP`` of the master holding the most stored bytes (other than the URL's node),
   ``delay_s`` after GO, for the socket
   timeout plus 2 s, then ``SIGCONT`` (in a cluster with a 1 s node timeout the replica is promoted meanwhile, and
@@ -139,7 +139,7 @@ FAULTS = {
     "kill-builder": (lambda delay: kill_builder, (0,), {"lease_ttl": 5}, None),
     "oom": (lambda delay: oom, (0,), {}, oom_undo),
     "stop-node": (stop_node, (), {}, None),
-    "kill-seed": (lambda delay: kill_master(delay, seed=True), (), {}, None),
+    "kill-seed": (lambda delay: kill_master(0.0, seed=True), (), {}, None),
 }
 #: What ``--faults`` runs: ``kill-seed`` (the URL's node lost before the workers connect) is asked for by name.
 DEFAULT_FAULTS = ("kill-master", "kill-builder", "oom", "stop-node")
