@@ -104,7 +104,7 @@ class Bench:
                              "cpus": os.cpu_count(), "replica_reads": self.replica_reads}
         self.seq = 0
         self.rss_mib: float | None = None
-        self.bundle: dict[int, Path] = {}  # keys left out -> bundle file
+        self.bundle: dict[tuple, Path | None] = {}  # keys left out -> bundle file (None: nothing to import)
 
     def start(self, kind: str) -> Target:
         self.seq += 1
@@ -174,8 +174,9 @@ class Bench:
         for left_out in ((), (0,)):
             path = self.work / f"bundle-{'-'.join(map(str, left_out)) or 'all'}.pc"
             keys = [key for k, key in sorted(self.keys.items()) if k not in left_out]
-            fleet_faults.cli("export", "--cache", target.url(), "-o", str(path), *keys, env_dir=self.work / "cli")
-            self.bundle[left_out] = path
+            if keys:  # with one key, "every key but key 0" is an empty cache
+                fleet_faults.cli("export", "--cache", target.url(), "-o", str(path), *keys, env_dir=self.work / "cli")
+            self.bundle[left_out] = path if keys else None
 
     def fault_run(self, kind: str, names: list[str], n: int) -> None:
         for name in names:
@@ -187,8 +188,9 @@ class Bench:
             delay = 0.25 * (warm[0]["ttfo_p50"] if warm else 1.0)
             target = self.start(kind)
             try:
-                fleet_faults.cli("import", str(self.bundle[left_out]), "--cache", target.url(),
-                                 env_dir=self.work / "cli")
+                if self.bundle[left_out] is not None:
+                    fleet_faults.cli("import", str(self.bundle[left_out]), "--cache", target.url(),
+                                     env_dir=self.work / "cli")
                 url = target.url(**options)
                 s = self.storm(target, n, f"fault {name}", url=url, fault=factory(delay))
                 if undo is not None:
