@@ -14,7 +14,7 @@ Misses are the :data:`MISS` sentinel, never ``None`` or an exception (dogpile's 
 Every read is bounded (docs/format.md, "Bounds"): a caller that knows how large a blob may be says so
 (``max_bytes``: the manifest cap for a manifest, the size the manifest records for a part), and a blob stored
 larger than that, or decompressing past it, is a miss, counted under ``errors`` and ``over_limit``, logged, and left
-in place (it may be another entry's intact blob); nothing larger than :data:`~cache_backends.bounded.MAX_BLOB_BYTES`
+in place (the bound may be another reader's) until this process stores the blob again, which rewrites it; nothing larger than :data:`~cache_backends.bounded.MAX_BLOB_BYTES`
 is ever allocated for a blob.  A local file that is not a regular file (a FIFO, a device, a directory) is never
 opened for reading in a way that blocks: it is a miss and is dropped.
 
@@ -36,7 +36,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Final, Union
 
-from cache_backends.bounded import MAX_BLOB_BYTES, MAX_RATIO, inflate
+from cache_backends.bounded import MAX_BLOB_BYTES, inflate
 
 log = logging.getLogger("precompile.cache")
 
@@ -56,7 +56,6 @@ HEX64: Final = re.compile(r"\A[0-9a-f]{64}\Z")  # \Z, not $: "$" also matches be
 
 #: Largest decompressed/compressed ratio accepted from a frame header (zstd's own bound is ~32768); a header
 #: claiming more is corruption, rejected before allocating the output.
-_MAX_RATIO = MAX_RATIO
 
 #: What ``get_blob``/``get_blobs`` take as ``max_bytes``: one bound for every digest, a bound per digest (a
 #: manifest's recorded sizes; a digest it lacks gets :data:`MAX_BLOB_BYTES`), or None for the format's bound.
@@ -190,7 +189,8 @@ class Cache(ABC):
         A stored copy whose content does not hash to ``digest`` (flipped byte, truncation) is deleted,
         counted under ``errors``, and reported as :data:`MISS`.  One that would be larger than ``max_bytes``
         bytes uncompressed (default and cap: :data:`~cache_backends.bounded.MAX_BLOB_BYTES`) is a miss counted
-        under ``errors`` and ``over_limit``, refused before it is allocated, and kept.
+        under ``errors`` and ``over_limit``, refused before it is allocated, and kept until this process
+        stores the blob again (then rewritten).
 
         Raises:
             CacheUnavailableError: the storage cannot be reached.

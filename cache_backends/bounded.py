@@ -46,6 +46,9 @@ MAX_MANIFEST_BYTES = 16 << 20
 #: kernel sources and binaries, wrappers, the engine payload, a Dynamo part (itself bounded to 256 MiB); weights are
 #: inputs, never parts.
 MAX_BLOB_BYTES = 2 << 30
+#: Largest sum of the part sizes one manifest may record, bytes: each part within :data:`MAX_BLOB_BYTES` could
+#: still add up past any worker's memory (a real artifact holds kernels and their binaries: megabytes).
+MAX_ARTIFACT_BYTES = 8 << 30
 #: Largest decompressed/compressed ratio accepted from a frame header (zstd's own bound is ~32768); a header
 #: claiming more is corruption, rejected before the output is allocated.
 MAX_RATIO = 65536
@@ -56,8 +59,10 @@ STEP = 1 << 20
 #: documents nest at most ~12 deep (a graph argument inside a node inside a graph); 64 leaves room.
 MAX_JSON_DEPTH = 64
 
-_STRINGS = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
-_BRACKETS = re.compile(rb"[\[\]{}]")
+#: One scan of a JSON text: a whole string, a bracket, or a quote that opens no closed string.  Each character
+#: matches one alternative only, so a failed string costs one pass and ends the scan: linear time (a pattern that
+#: retried from every quote of an unterminated string would be quadratic in a forged manifest).
+_TOKENS = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]|"', re.DOTALL)
 
 
 def frame_bound(max_bytes: int) -> int:
@@ -166,13 +171,16 @@ def loads_json(data: bytes | str, max_bytes: int, what: str = "document", max_de
     raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else bytes(data)
     if len(raw) > max_bytes:
         raise InputLimitError(f"{what} is {len(raw)} bytes, more than the {max_bytes} accepted")
-    depth = deepest = 0
-    for m in _BRACKETS.finditer(_STRINGS.sub(b'""', raw)):
-        depth += 1 if m.group() in (b"[", b"{") else -1
-        if depth > deepest:
-            deepest = depth
-            if deepest > max_depth:
-                raise InputLimitError(f"{what} nests deeper than {max_depth} levels; refused before parsing")
+    depth = 0
+    for m in _TOKENS.finditer(raw):
+        token = m.group()
+        if token == b'"':
+            raise ValueError(f"{what} is not JSON: a string is not terminated")
+        if token[0] == 0x22:  # a whole string: brackets inside it do not count
+            continue
+        depth += 1 if token in (b"[", b"{") else -1
+        if depth > max_depth:
+            raise InputLimitError(f"{what} nests deeper than {max_depth} levels; refused before parsing")
     return json.loads(raw)
 
 

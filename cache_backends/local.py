@@ -52,7 +52,7 @@ from cache_backends.base import (
 from cache_backends.bounded import open_regular
 from cache_backends.local_counters import STATS_LOCK_TIMEOUT_S, LocalCountersMixin  # noqa: F401
 from cache_backends.local_fetch import DEFAULT_FETCH_WAIT_S, LocalFetchMixin
-from cache_backends.local_files import READ_ONLY_ERRNOS, LocalFilesMixin, drop_ident, lstat_or_none
+from cache_backends.local_files import SUSPECT, READ_ONLY_ERRNOS, LocalFilesMixin, drop_ident, lstat_or_none
 from cache_backends.local_heal import heal
 from cache_backends.local_upkeep import (  # noqa: F401 - manifest_blob_digests, the constants: re-exported
     EVICT_TARGET_FRACTION, SIZE_RESCAN_S, STALE_TEMP_S, LocalUpkeepMixin, manifest_blob_digests)
@@ -251,8 +251,8 @@ class LocalCache(LocalUpkeepMixin, LocalCountersMixin, LocalFilesMixin, LocalFet
     def put_blob(self, data: bytes, digest: str | None = None) -> str:
         """Store ``data`` zstd-compressed (idempotent) and return its digest (sha256 hex of ``data``).
 
-        An existing blob is not rewritten; its mtime is refreshed so eviction's grace period protects it until
-        the caller's ref lands.  Anything but a regular file under its name (a directory, a FIFO, a symlink) is
+        An existing blob is not rewritten (but for one a read in this process refused as over its bound); its mtime
+        is refreshed so eviction's grace period protects it until the caller's ref lands.  Anything but a regular file under its name (a directory, a FIFO, a symlink) is
         replaced, counted under ``errors``.  Counts ``puts`` and ``bytes_written`` (compressed bytes) for new blobs only.
 
         Raises:
@@ -267,10 +267,12 @@ class LocalCache(LocalUpkeepMixin, LocalCountersMixin, LocalFilesMixin, LocalFet
         path = self._blob_path(actual)
         try:
             heal(self, path, f"blob {actual[:12]}")
+            if actual in SUSPECT:  # a read here refused the stored copy as over its bound: replace it
+                raise FileNotFoundError(path)
             os.utime(path)
             return actual
         except FileNotFoundError:
-            pass
+            SUSPECT.discard(actual)
         except OSError as err:
             if path.exists():  # someone else's file we may not touch: it is there, good enough
                 return actual

@@ -33,6 +33,9 @@ from precompile.errors import (
 
 log = logging.getLogger("precompile.cache")
 
+#: Digests whose stored copy a read in this process refused as over its bound: the next store of one rewrites it.
+SUSPECT: set[str] = set()
+
 #: errno values that mean "this directory cannot be written by us": the cache turns read-only.
 READ_ONLY_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})
 #: errno values that mean "no space": reported as unavailable storage.
@@ -115,9 +118,12 @@ class LocalFilesMixin:
         return data, len(raw), 0
 
     def _over_limit(self, digest: str, err: InputLimitError) -> _Miss:
-        """A blob larger than its reader accepts: a miss, logged, counted under ``over_limit``, left in place."""
+        """A blob larger than its reader accepts: a miss, logged, counted under ``over_limit``, left in place (the
+        bound may be another reader's), and rewritten by this process's next ``put_blob`` of it: a copy whose
+        digest says it is the blob a rebuild stores is replaced by that build's bytes, so it heals."""
         log.warning("cache blob %s under %s is refused: %s; treated as a miss and left in place", digest, self.root,
                     err)
+        SUSPECT.add(digest)
         self._count(over_limit=1)
         return MISS
 

@@ -23,6 +23,9 @@ from precompile.errors import CacheError, InputLimitError
 
 log = logging.getLogger("precompile.cache")
 
+#: Digests whose stored copy a read in this process refused as over its bound: the next store of one rewrites it.
+SUSPECT: set[str] = set()
+
 #: Chunk keys per pipeline when deleting or refreshing a blob's chunks.
 CHUNK_BATCH = 256
 
@@ -123,7 +126,8 @@ class BlobsMixin:
         """Bytes of blob ``digest`` (verified), or :data:`MISS`.  A corrupt or partial copy is dropped, counted
         under ``errors`` and reported as :data:`MISS`; one larger than ``max_bytes`` bytes (uncompressed; default
         and cap :data:`~cache_backends.bounded.MAX_BLOB_BYTES`) is a miss counted under ``errors`` and
-        ``over_limit``, refused before it is allocated, and kept.
+        ``over_limit``, refused before it is allocated, and kept until this process
+        stores the blob again (then rewritten).
 
         Raises:
             ValueError: ``digest`` is not 64 lowercase hex characters.
@@ -231,8 +235,10 @@ class BlobsMixin:
         return read
 
     def _over_limit(self, digest: str, err: InputLimitError, warn: Callable[..., None] = log.warning) -> str:
-        """A blob larger than its reader accepts: logged, left in place (counted by the caller); returns it."""
+        """A blob larger than its reader accepts: logged, left in place (counted by the caller; the bound may be
+        another reader's), and rewritten by this process's next ``put_blob`` of it, so that it heals; returns it."""
         warn("Redis blob %s in %s is refused: %s; treated as a miss and left in place", digest[:12], self.url, err)
+        SUSPECT.add(digest)
         return digest
 
     def _fetch_chunks(self, digest: str, indices: range, limit: int, refresh: bool, *, client: Any = None,
@@ -299,7 +305,8 @@ class BlobsMixin:
     def put_blob(self, data: bytes, digest: str | None = None) -> str:
         """Store ``data`` zstd-compressed, or raw where zstd saves less than 3% (idempotent); return its digest.
 
-        An existing blob is not rewritten (with a TTL, its expiry is refreshed); a key of another type (a hash,
+        An existing blob is not rewritten (with a TTL, its expiry is refreshed), but for one a read in this process
+        refused as over its bound; a key of another type (a hash,
         a list...) in its head's place is replaced, counted under ``errors``.  A frame longer than
         ``chunk_size`` bytes is written as chunks in pipelined batches, then its head, so a reader never sees a
         head without its chunks (unless the server evicted them: then the read is a miss).  Counts ``puts``
@@ -322,11 +329,12 @@ class BlobsMixin:
                 pipe.type(head_key)
                 pipe.pexpire(head_key, int(self.ttl_s * 1000))
                 kind = type_name(execute(pipe)[0])
-            if kind == "string":
+            if kind == "string" and actual not in SUSPECT:
                 if self.ttl_s is not None:
                     self._refresh_chunks(actual)
                 return actual
-            if kind != "none":  # planted or left by something else: it would make every read of this blob a miss
+            SUSPECT.discard(actual)  # refused as over its bound by a read here: rewritten below
+            if kind not in ("none", "string"):  # planted or left by something else: it would make every read of this blob a miss
                 log.warning("Redis blob %s in %s is a key of type %s, not a blob; replacing it", actual[:12],
                             self.url, kind[:20])
                 self.client.delete(head_key)
@@ -355,7 +363,7 @@ class BlobsMixin:
 
     def _refresh_chunks(self, digest: str) -> None:
         pipe = self.client.pipeline(transaction=False)
-        pipe.get(self._head_key(digest))
+        pipe.getrange(self._head_key(digest), 0, codec.CHUNKED_HEAD_BYTES - 1)  # a chunk count, never a whole blob
         head = execute(pipe)[0]
         ms = int(self.ttl_s * 1000)  # type: ignore[operator]
         count = self._chunk_count(head if isinstance(head, bytes) else None)

@@ -50,8 +50,16 @@ class FailoverPending(CacheUnavailableError):
 def is_failover(err: BaseException) -> bool:
     """True for an error that a cluster failover causes and that ends with it; False for a timeout and for rejected
     credentials."""
-    return isinstance(err, FAILOVER_ERRORS) and not isinstance(err, (rex.TimeoutError, TimeoutError,
-                                                                     rex.AuthenticationError))
+    if not isinstance(err, FAILOVER_ERRORS):
+        return False
+    seen: BaseException | None = err
+    for _ in range(8):  # redis-py raises "cluster cannot be connected" from the timeout that caused it
+        if seen is None:
+            break
+        if isinstance(seen, (rex.TimeoutError, TimeoutError, rex.AuthenticationError)):
+            return False
+        seen = seen.__cause__ or seen.__context__
+    return True
 
 
 def current_deadline() -> float | None:

@@ -144,10 +144,10 @@ def open_client(url: str) -> tuple[Any, str, dict[str, Any]]:
 
 
 def _cluster_client(redis_url: str, kwargs: dict[str, Any], replicas: bool = False) -> Any:
-    """A ``RedisCluster`` for ``redis_url``; with ``replicas``, reads (GET, GETRANGE...) go to a random node of the key's
-    slot, its master or a replica, over READONLY connections, and writes to its master.  When the URL's node cannot
-    be reached (a master killed, its replica promoted), the other nodes of that cluster this process has seen are
-    tried.
+    """A ``RedisCluster`` for ``redis_url``; with ``replicas``, reads (GET, GETRANGE...) go to a random node of the
+    key's slot, its master or a replica, over READONLY connections, and writes to its master.  When the URL's node
+    cannot be reached (a master killed, its replica promoted), the other nodes of that cluster this process has
+    seen are tried.
 
     Raises:
         redis.exceptions.RedisClusterException, ConnectionError...: no node answers.

@@ -30,23 +30,13 @@ from typing import Any, TypeVar
 
 from cache_backends.base import HEX64, MISS, Bounds, Cache, _Miss, blob_bound, digest_bytes
 from cache_backends.bounded import MAX_BLOB_BYTES, MAX_MANIFEST_BYTES, loads_json
-from precompile.errors import CacheError, CacheUnavailableError
+from precompile.errors import CacheError, CacheReadOnlyError, CacheUnavailableError
 
-__all__ = ["TieredCache", "manifest_digests"]
+__all__ = ["TieredCache", "manifest_sizes"]
 
 log = logging.getLogger("precompile.cache")
 
 T = TypeVar("T")
-
-
-def manifest_digests(manifest: bytes) -> list[str]:
-    """The blobs an artifact's manifest names: the keys of its top-level ``"blobs"`` object (docs/format.md).
-
-    Raises:
-        ValueError: ``manifest`` is not JSON with a ``"blobs"`` object of 64-hex names, or is longer than
-            :data:`~cache_backends.bounded.MAX_MANIFEST_BYTES` or deeper than the JSON bound (``InputLimitError``).
-    """
-    return list(manifest_sizes(manifest))
 
 
 def manifest_sizes(manifest: bytes) -> dict[str, int]:
@@ -54,7 +44,8 @@ def manifest_sizes(manifest: bytes) -> dict[str, int]:
     is not a non-negative integer is :data:`~cache_backends.bounded.MAX_BLOB_BYTES` (the format's bound).
 
     Raises:
-        ValueError: as :func:`manifest_digests`.
+        ValueError: ``manifest`` is not JSON with a ``"blobs"`` object of 64-hex names, or is longer than
+            :data:`~cache_backends.bounded.MAX_MANIFEST_BYTES` or deeper than the JSON bound (``InputLimitError``).
     """
     doc = loads_json(manifest, MAX_MANIFEST_BYTES, "manifest")
     blobs = doc.get("blobs") if isinstance(doc, dict) else None
@@ -175,8 +166,10 @@ class TieredCache(Cache):
             if missing:
                 out.update(self._fetch(missing, max_bytes))
             return out
+        kept = self.local.has_blobs(missing)  # there but refused (over its bound): not read twice
         with lock:  # one download per host: whoever holds it fetches, the others then read the near copy
-            again = self.local.get_blobs(missing, max_bytes)
+            arrived = [d for d, ok in self.local.has_blobs([d for d in missing if not kept[d]]).items() if ok]
+            again = self.local.get_blobs(arrived, max_bytes) if arrived else {}
             near = {d: v for d, v in again.items() if v is not MISS}
             if near:
                 self.local.incr(near_waits=len(near))
@@ -294,7 +287,13 @@ class TieredCache(Cache):
         self._write_both(f"writing ref {key[:12]}", lambda c: c.set_ref(key, digest))
 
     def delete_ref(self, key: str) -> bool:
-        """Remove ``key`` from both tiers (a broken artifact is broken everywhere); True if either had it."""
+        """Remove ``key`` from both tiers (a broken artifact is broken everywhere); True if either had it.
+
+        Raises:
+            CacheReadOnlyError: both tiers are read-only (as :meth:`put_blob` and :meth:`set_ref` do).
+        """
+        if self.read_only:
+            raise CacheReadOnlyError(f"cannot delete ref {key[:12]}: both tiers of {self.url} are read-only")
         gone = False
         try:
             gone = self.local.delete_ref(key)

@@ -217,9 +217,10 @@ class RedisCluster:
                     return n
         raise RuntimeError(f"no master serves slot {slot}")
 
-    def url(self, **options: object) -> str:
+    def url(self, via: RedisServer | None = None, **options: object) -> str:
+        """``redis://127.0.0.1:<port of node 0, or of via>/?cluster=1&options``."""
         query = "&".join(f"{k}={v}" for k, v in {"cluster": 1, **options}.items())
-        return f"redis://127.0.0.1:{self.nodes[0].port}/?{query}"
+        return f"redis://127.0.0.1:{(via or self.nodes[0]).port}/?{query}"
 
     def stop(self) -> None:
         for n in self.nodes:

@@ -259,11 +259,12 @@ def redis_server(tmp_path):
     server.stop()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def redis_cluster(tmp_path_factory):
-    """A real 3-master Redis Cluster, shared by a test module (tests use distinct key prefixes)."""
+    """A real Redis Cluster of 3 masters with one replica each, shared by the session (tests use distinct key
+    prefixes, and none stops a node: tests/store/test_cluster_faults.py starts its own)."""
     from _redis import RedisCluster
 
-    cluster = RedisCluster(tmp_path_factory.mktemp("cluster")).start()
+    cluster = RedisCluster(tmp_path_factory.mktemp("cluster"), replicas=1).start()
     yield cluster
     cluster.stop()

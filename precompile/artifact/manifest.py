@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from cache_backends.bounded import MAX_MANIFEST_BYTES, loads_json
+from cache_backends.bounded import MAX_ARTIFACT_BYTES, MAX_MANIFEST_BYTES, loads_json
 from precompile import config
 from precompile.errors import ArtifactFormatError
 
@@ -64,6 +64,12 @@ class ManifestJSON:
         missing = [f for f in cls._FIELDS if f not in data]
         if missing:
             raise ArtifactFormatError(f"{what} is missing fields {missing}")
+        blobs = data.get("blobs")
+        sizes = [b.get("size") for b in blobs.values() if isinstance(b, dict)] if isinstance(blobs, dict) else []
+        total = sum(n for n in sizes if type(n) is int and n > 0)
+        if total > MAX_ARTIFACT_BYTES:  # before any part is read: every part within its bound could still add up
+            raise ArtifactFormatError(f"{what} records {total} bytes of parts, more than the {MAX_ARTIFACT_BYTES} an "
+                                      "artifact may hold")
 
 
 @dataclass

@@ -24,8 +24,10 @@ from typing import Any
 
 import torch
 
+from precompile.errors import ArtifactFormatError
 
-class WrapperGraphError(ValueError):
+
+class WrapperGraphError(ArtifactFormatError):
     """A stored wrapper graph is malformed, too large, names a target or value outside the allow-list, or (at call
     time) makes a view that does not lie inside its base's storage."""
 

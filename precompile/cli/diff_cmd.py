@@ -57,7 +57,7 @@ def diff(a: str, b: str | None, cache_url: str | None, count: int, as_json: bool
     from rich.text import Text
 
     from precompile.artifact import trust
-    from precompile.store.diff import compare, nearest
+    from precompile.store.diff import compare, function_status, nearest
     from precompile.store.lookup import open_target, stored_manifests
 
     trust.policy()  # a wrong key setting fails before a path or a cache is read
@@ -67,11 +67,15 @@ def diff(a: str, b: str | None, cache_url: str | None, count: int, as_json: bool
         names = [str(p.get("name", "")) for p in left.manifest.get("placeholders") or []]
         near = nearest(left.manifest.get("factors") or {}, stored_manifests(cache()), exclude=left.key, names=names,
                        count=count)
+        status = function_status(left.manifest)
         if as_json:
-            echo_json({"key": left.key, "where": left.where, "nearest": [n.to_dict() for n in near]})
+            echo_json({"key": left.key, "where": left.where, "status": status,
+                       "nearest": [n.to_dict() for n in near]})
             return
         con = console()
         con.print(Text.assemble((left.key, "bold"), " (from ", plain(left.where), ")"))
+        if status:
+            con.print(plain(status))
         if not near:
             con.print("the cache holds no other artifact to compare with")
         for n in near:

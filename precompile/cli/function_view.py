@@ -26,6 +26,13 @@ def show_function(m: dict[str, Any], where: str, signature: str) -> None:
                     f"torch {build.get('torch')}; {build.get('codes')} code objects, "
                     f"{human_bytes(sum(b['size'] for b in m['blobs'].values()))} of Dynamo state"))
     con.print(plain(signature))
+    if m["build"].get("refused"):
+        con.print(Text.assemble(("stored as refused", "bold red"), ": its builder could not store the function "
+                                "whole, so every process traces it (its graphs still load from the cache): ",
+                                plain(str(build["refused"]))))
+    for frame, why in (build.get("left_out") or {}).items():
+        con.print(Text.assemble(("left out", "bold yellow"), " (traced at run time): ", plain(str(frame)), ": ",
+                                plain("; ".join(map(str, why)) if isinstance(why, list) else str(why))))
     gt = table(f"graphs ({len(m['graphs'])}): the names its bytecode calls, and the artifact each loads",
                ["compiled graph", "graph artifact"])
     for name, key in m["graphs"].items():
@@ -33,7 +40,7 @@ def show_function(m: dict[str, Any], where: str, signature: str) -> None:
     con.print(gt)
     st = table(f"sources Dynamo traced through ({len(m['sources'])})", ["module", "lines", "sha256", "here"])
     for s in m["sources"]:
-        why = changed([s])
+        why = changed([s], import_missing=False)  # reading an entry imports nothing it names
         st.add_row(s["module"], f"{s['first']}-{s['last'] - 1}", s["sha256"][:16],
                    Text("same", style="green") if why is None else Text(why.split(":")[0], style="red"))
     con.print(st)

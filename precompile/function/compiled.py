@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 import time
 from collections.abc import Callable
 from datetime import datetime, timezone
@@ -83,6 +84,8 @@ class CompiledFunction:
         self.retraces = 0
         self.not_stored: str | None = None
         self._left_out: dict[str, list[str]] = {}
+        self._seen_ref: Any = None  # the manifest digest this process loaded or stored under the key
+        self._start_lock = threading.Lock()
         if not isinstance(fn, torch.nn.Module):
             functools.update_wrapper(self, fn)  # type: ignore[arg-type]
 
@@ -92,10 +95,12 @@ class CompiledFunction:
         # an outer torch.compile (transformers' generate compiles the forward itself on a GPU with a static
         # cache) does not trace into a compiled function: it calls it, as it calls any compiled region
         if self._run is None:
-            self._start(args, kwargs)
-            if self._first is not None:  # the build's traced call was this call
-                out, self._first = self._first[0], None
-                return out
+            with self._start_lock:  # one first call looks up or builds; the others wait for it
+                if self._run is None:
+                    self._start(args, kwargs)
+                    if self._first is not None:  # the build's traced call was this call
+                        out, self._first = self._first[0], None
+                        return out
         seen = self._new_graphs
         traced = len(self._frames)
         out = self._run(*args, **kwargs)  # type: ignore[misc]
@@ -185,11 +190,12 @@ class CompiledFunction:
             store.drop(self._cache, self.key, str(err))
             return None
         try:
-            package = dynamo_pkg.install(self._target, record, loaded)
+            package = dynamo_pkg.install(_first_frame(self._target), record, loaded)
         except RuntimeError as err:  # sound, but not for this process: kept for the workers it serves
             self._miss(f"stored, but does not install here: {err}", "function_install_failed")
             return _TRACE
         self._left_out = dict(m.build.get("left_out") or {})
+        self._seen_ref = got.digest
         self._package = package
         self.graphs = dict(m.graphs)
         self.records = records
@@ -244,7 +250,7 @@ class CompiledFunction:
         if config.explain_misses():
             log.warning("function %s %s: %s", _name(self._target), (self.key or "")[:12],
                         self.miss_reason or self._nearest())
-        self._package = dynamo_pkg.new_package(self._target)
+        self._package = dynamo_pkg.new_package(_first_frame(self._target))
         self._run = dynamo_pkg.optimize(self._called(), self._on_graph, self._package, dynamic=self._dynamic,
                                         fullgraph=self._fullgraph, guard_export=self._on_guards)
         start = time.perf_counter()
@@ -294,9 +300,11 @@ class CompiledFunction:
                  "precompile": __version__, "torch": torch.__version__,
                  "frames_traced": getattr(self, "_build_frames", 0), "retraces": self.retraces,
                  "function": _name(self._target)}
+        if self._uncacheable:  # maybe a passing failure (Inductor out of memory): not stored, never refused
+            log.warning("function %s is not stored: its graphs %s could not be cached", _name(self._target),
+                        self._uncacheable[:3])
+            return
         try:
-            if self._uncacheable:
-                raise RuntimeError(f"its graphs {self._uncacheable[:3]} could not be cached")
             dumped = dynamo_pkg.dump(self._package)
             dynamo_check.check_installable(dumped.data)
         except Exception as err:  # noqa: BLE001 - a function that cannot be stored still runs, traced
@@ -315,13 +323,23 @@ class CompiledFunction:
             sources=dumped.sources, frames=self._frames, env=fingerprint.environment(devices, full=True),
             blobs={part: {"size": len(dumped.data), "role": "dynamo"}},
             build={**build, "codes": dumped.codes, "left_out": dumped.left_out})
-        if store.write(self._cache, manifest, dumped.data) is not None:
+        written = store.write(self._cache, manifest, dumped.data, over=None if first else self._seen_ref)
+        if written is not None:
+            self._seen_ref = written
             log.info("stored function %s as %s (%d graphs, %d sources)", _name(self._target), self.key[:12],
                      len(self.graphs), len(dumped.sources))
 
 
 #: What :meth:`CompiledFunction._load` returns for a stored entry this process runs traced.
 _TRACE = "trace"
+
+
+def _first_frame(fn: Any) -> Any:
+    """The function whose frame Dynamo traces first when ``fn`` is called: ``fn``, or the function of a
+    ``functools.partial`` (accelerate's hooks replace ``module.forward`` with a partial of their own wrapper)."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return fn
 
 
 def _name(fn: Any) -> str:

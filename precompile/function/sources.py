@@ -17,8 +17,10 @@ from collections.abc import Iterable
 from typing import Any
 
 
-def _current(module_name: str, first: int, last: int) -> str | None:
+def _current(module_name: str, first: int, last: int, import_missing: bool = True) -> str | None:
     module = sys.modules.get(module_name)
+    if module is None and not import_missing:
+        return NOT_IMPORTED
     if module is None:
         try:  # the manifest naming it was verified, and the name checked to be a dotted identifier
             module = importlib.import_module(module_name)
@@ -31,15 +33,27 @@ def _current(module_name: str, first: int, last: int) -> str | None:
     return hashlib.sha256("".join(lines[first - 1:last - 1]).encode()).hexdigest()
 
 
-def changed(sources: Iterable[dict[str, Any]]) -> str | None:
+#: What :func:`changed` says of a module this process has not imported, when asked not to import it.
+NOT_IMPORTED = "not imported"
+
+
+def changed(sources: Iterable[dict[str, Any]], import_missing: bool = True) -> str | None:
     """Why the recorded ``sources`` no longer match this process's, or None when every one still does.
+
+    Args:
+        import_missing: import a recorded module this process has not imported (a load: the manifest was
+            verified); False (``precompile inspect`` of any cache's content) skips such modules instead, so that
+            reading an entry runs no module's code.
 
     Returns:
         e.g. ``"source changed: mymodel lines 12-30 (sha256 3fa4... recorded, 91bc... here)"``, naming the first
-        that differs; ``"source missing: ..."`` when the module or its source file cannot be read here.
+        that differs; ``"source missing: ..."`` when the module or its source file cannot be read here;
+        ``"not imported: ..."`` for a module skipped.
     """
     for s in sources:
-        here = _current(s["module"], s["first"], s["last"])
+        here = _current(s["module"], s["first"], s["last"], import_missing)
+        if here == NOT_IMPORTED:
+            return f"{NOT_IMPORTED}: {s['module']} is not imported here"
         span = f"{s['module']} lines {s['first']}-{s['last'] - 1}"
         if here is None:
             return f"source missing: {span} cannot be read here"

@@ -9,6 +9,7 @@ is a miss and its ref is dropped; a cache failure is a miss, logged once and cou
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +41,7 @@ class Stored:
 
     manifest: FunctionManifest
     dynamo: bytes
+    digest: str = ""  # the manifest's digest (what the key's ref points at)
 
 
 def drop(cache: Cache, key: str, why: str) -> None:
@@ -71,7 +73,7 @@ def read(cache: Cache, key: str) -> Stored | None:
             metrics.note_miss("host_code")
             return None
         if manifest.refused is not None:
-            return Stored(manifest, b"")
+            return Stored(manifest, b"", digest_bytes(manifest.to_json()))
         part = manifest.parts["dynamo"]
         if int(manifest.blobs[part]["size"]) > MAX_DYNAMO_BYTES:
             drop(cache, key,
@@ -91,15 +93,21 @@ def read(cache: Cache, key: str) -> Stored | None:
     except CacheError as err:
         read_failed(cache, "function artifact", key, err)
         return None
-    return Stored(manifest, bytes(data))
+    return Stored(manifest, bytes(data), digest_bytes(manifest.to_json()))  # to_json is canonical: the stored bytes
 
 
-def write(cache: Cache, manifest: FunctionManifest, dynamo: bytes) -> FunctionManifest | None:
+def write(cache: Cache, manifest: FunctionManifest, dynamo: bytes, over: str | None = None) -> str | None:
     """Store the Dynamo part, then the manifest (signed where a signing key is configured), then the ref.
 
+    Args:
+        over: after a retrace, the manifest digest this process loaded: the entry is rewritten only while the key
+            still points at it (and, where the cache has leases, under the key's lease), so that of the workers a
+            new size sends tracing at once, one rewrites the key and the others keep what it wrote.
+
     Returns:
-        the stored manifest (signed, where a key is configured), or None when the cache refused: read-only,
-        unavailable, or verify keys set without a signing key (logged once, counted, never raised).
+        the stored manifest's digest, or None when nothing was written: the cache refused (read-only,
+        unavailable, or verify keys set without a signing key: logged once, counted, never raised), or ``over``
+        is no longer the stored entry.
 
     Raises:
         TrustConfigError: the configured signing key cannot be read.
@@ -107,13 +115,28 @@ def write(cache: Cache, manifest: FunctionManifest, dynamo: bytes) -> FunctionMa
     signed = signed_for_store(cache, manifest, "function artifact")
     if signed is None:
         return None
+    token = None
     try:
+        if over is not None:
+            if cache.supports_leases:
+                token = cache.acquire_lease(signed.key)
+                if token is None:
+                    return None  # another worker is rewriting it
+            if cache.get_ref(signed.key) != over:
+                log.info("function artifact %s was stored again by another worker since it was loaded here; kept",
+                         signed.key[:12])
+                return None
         cache.put_blob(dynamo, signed.parts["dynamo"])
-        cache.set_ref(signed.key, cache.put_blob(signed.to_json()))
-        return signed
+        digest = cache.put_blob(signed.to_json())
+        cache.set_ref(signed.key, digest)
+        return digest
     except CacheError as err:
         write_failed(cache, "function artifact", signed.key, err)
         return None
+    finally:
+        if token is not None:
+            with contextlib.suppress(CacheError):
+                cache.release_lease(signed.key, token)
 
 
 def write_refused(cache: Cache, key: str, factors: dict[str, Any], env: dict[str, Any], build: dict[str, Any]) -> None:

@@ -85,9 +85,9 @@ def pickler_class() -> type:
 
     class Pickler(GuardsStatePickler):  # type: ignore[misc, valid-type]
         def reducer_override(self, obj: Any) -> Any:
-            path = named_guards.path_for(obj)
-            if path is not None:  # an object an identity guard checks: the loading process's object of that name
-                return named_guards.resolve, (path,)
+            named = named_guards.path_for(obj)
+            if named is not None:  # an object an identity guard checks: the loading process's object of that name
+                return named_guards.resolve, named
             if isinstance(obj, Source) and dataclasses.is_dataclass(obj):
                 # by the fields its constructor takes: torch 2.11 pickles every field, init=False ones too
                 # (DefaultsSource), and its unpickling then fails with "takes from 3 to 4 positional arguments"

@@ -8,10 +8,10 @@ host-side.  Like the fast path it imports neither Inductor, Dynamo, Triton nor s
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any
 
+from cache_backends.bounded import loads_json
 from precompile.artifact import wrapper_codegen, wrapper_graph
 from precompile.inductor import cuda_runtime, runtime
 
@@ -36,8 +36,8 @@ def load_graph(graph: bytes, launches: dict[int, bytes], *, inputs_to_check: lis
     if len(graph) > MAX_GRAPH_BYTES:
         raise wrapper_graph.WrapperGraphError(f"a wrapper graph of {len(graph)} bytes, more than {MAX_GRAPH_BYTES}")
     try:
-        data = json.loads(graph)
-    except (ValueError, RecursionError) as err:
+        data = loads_json(graph, MAX_GRAPH_BYTES, "the wrapper graph")
+    except ValueError as err:  # not JSON, or nested deeper than the JSON bound (InputLimitError)
         raise wrapper_graph.WrapperGraphError(f"the wrapper graph is not JSON (or nested too deep): {err}") from err
     wrapper_graph.check(data)
     named = {n["kwargs"]["kernel_idx"] for n in data["nodes"]

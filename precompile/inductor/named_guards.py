@@ -20,9 +20,11 @@ Across processes an object's identity is its import name.  For each such guard, 
    frame's own module) and steps through attributes, constant subscripts, ``type()``, ``__dict__`` and ``__mro__``
    (Dynamo's sources).
 
-The guard is kept, re-pointed at :func:`named_id_match`, and the guarded object is pickled as its path
-(:func:`resolve`, by :mod:`precompile.inductor.frame_state`'s pickler), so the loading process compares each call's
-object with the object the path names there: an identity check, as strict as Dynamo's within one process.  A
+The guard is kept, re-pointed at :func:`named_id_match`, and the guarded object is pickled as its path and the
+digest of what it was (:mod:`precompile.inductor.object_digest`: a function's code and defaults, a class's
+functions...), so the loading process compares each call's object with the object the path names there, provided
+that object is still what was stored (:func:`resolve`; a function monkeypatched at its import path is not, and its
+guard then fails).  A
 guard whose object no path names, and guards that cannot mean anything in another process (``WEAKREF_ALIVE``,
 ``DICT_VERSION``, ``NN_MODULE``), are kept as Dynamo made them: the frame is then left out of the stored function
 and traced at run time, and :func:`refusals` says why.
@@ -33,11 +35,16 @@ from __future__ import annotations
 import enum
 import importlib
 import inspect
+import logging
 import sys
 import threading
 import types
 from collections.abc import Sequence
 from typing import Any
+
+from precompile.inductor import object_digest
+
+log = logging.getLogger("precompile")
 
 #: Guards that check an object's identity (``CLOSURE_MATCH`` on a Python function: its code's identity).
 IDENTITY = frozenset({"ID_MATCH", "FUNCTION_MATCH", "CLASS_MATCH", "MODULE_MATCH", "CLOSURE_MATCH"})
@@ -83,11 +90,14 @@ def portable_guards(entries: Sequence[Any]) -> list[bool]:
             refused.append(f"a {e.guard_type} guard on {e.name[:120]} checks a {type(value).__name__}'s identity")
             continue
         path = path_of(value, e.name, source, by_name)
-        if path is None:
+        expected = object_digest.digest(value)
+        if path is None or expected is None:
             refused.append(f"a {e.guard_type} guard on {e.name[:120]} checks the identity of "
-                           f"{_describe(value)}, which no import path names")
+                           f"{_describe(value)}, which no import path names" if path is None else
+                           f"a {e.guard_type} guard on {e.name[:120]} checks the identity of {_describe(value)}, "
+                           "which has no digest to check it by in another process")
             continue
-        paths[id(value)] = (value, path)
+        paths[id(value)] = (value, path, expected)
         _repoint(e.orig_guard, named_code_match if closure else named_id_match)
     return keep
 
@@ -102,10 +112,10 @@ def refusals() -> list[str]:
     return list(getattr(_frame, "refused", ()))
 
 
-def path_for(value: Any) -> Path | None:
-    """The path :func:`portable_guards` chose for an object of the frame it last looked at, or None."""
+def path_for(value: Any) -> tuple[Path, str] | None:
+    """``(path, digest)`` :func:`portable_guards` chose for an object of the frame it last looked at, or None."""
     hit = getattr(_frame, "paths", {}).get(id(value))
-    return hit[1] if hit is not None and hit[0] is value else None
+    return (hit[1], hit[2]) if hit is not None and hit[0] is value else None
 
 
 def path_of(value: Any, name: str, source: Any, by_name: dict[str, Any]) -> Path | None:
@@ -125,12 +135,33 @@ def path_of(value: Any, name: str, source: Any, by_name: dict[str, Any]) -> Path
     return _from_source(source)
 
 
-def resolve(path: Path) -> Any:
-    """The object ``path`` names in this process.
+class Mismatch:
+    """Stands for an object whose path leads, in this process, to something other than what was stored (a function
+    monkeypatched at its import path): no object is ever it, so its identity guard fails and the frame is traced."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.__code__ = compile("None", "<precompile: another object at this path>", "eval")  # never anyone's code
+
+    def __repr__(self) -> str:
+        return f"<precompile.Mismatch {self.path!r}>"
+
+
+def resolve(path: Path, expected: str | None = None) -> Any:
+    """The object ``path`` names in this process; a :class:`Mismatch` when ``expected`` is given and that object's
+    :func:`precompile.inductor.object_digest.digest` is not it.
 
     Raises:
         ImportError, AttributeError, KeyError, IndexError, ValueError: the path does not lead to an object here.
     """
+    obj = _walk_path(path)
+    if expected is not None and object_digest.digest(obj) != expected:
+        log.info("%s is not the object stored under that name (changed at run time); its guard will fail", path)
+        return Mismatch(path)
+    return obj
+
+
+def _walk_path(path: Path) -> Any:
     root, *steps = path
     kind, module = root[0], root[1]
     obj: Any = importlib.import_module(module)
@@ -194,7 +225,7 @@ def _canonical(value: Any) -> Path | None:
         return None
     path = (("module", module), *(("attr", part) for part in qualname.split(".")))
     try:
-        return path if resolve(path) is value else None
+        return path if _walk_path(path) is value else None
     except Exception:  # noqa: BLE001 - any failure means the name does not lead back
         return None
 
@@ -207,7 +238,7 @@ def _walk(fn: types.FunctionType) -> Path | None:
         return None
     root = (("module", module), *(("attr", part) for part in qualname.split(".")))
     try:
-        start = resolve(root)
+        start = _walk_path(root)
     except Exception:  # noqa: BLE001
         return None
     frontier, seen = [(start, root)], {id(start)}

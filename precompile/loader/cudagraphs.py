@@ -16,12 +16,15 @@ with the public ``torch.cuda.CUDAGraph`` API, in the same way:
 - outputs are copied out of the graph's memory pool before they are returned, so a later replay never overwrites
   a tensor the caller holds (Inductor's trees instead return the pool's tensors and fail on a stale access).
 
-Inputs on the CPU, or a call while another stream is being captured, run without a graph.
+Inputs on the CPU, a call while another stream is being captured, and a graph that cannot be captured (it
+synchronizes: logged once) run without a graph.  Calls from several threads take turns on a recorded graph (its
+buffers serve one call at a time).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -64,6 +67,8 @@ class CudaGraphRunner:
         self.fn, self.mutated, self.name = fn, frozenset(mutated), name
         self._graphs: dict[tuple[Any, ...], _Recorded] = {}
         self._warmed: set[tuple[Any, ...]] = set()
+        self._failed: set[tuple[Any, ...]] = set()
+        self._lock = threading.Lock()
         self._pool: Any = None
         self.replays = 0
 
@@ -72,29 +77,41 @@ class CudaGraphRunner:
         if not tensors or any(t.device.type != "cuda" for t in tensors) or torch.cuda.is_current_stream_capturing():
             return self.fn(*args)
         key = tuple(_signature(a) for a in args)
-        recorded = self._graphs.get(key)
-        if recorded is None:
-            if key not in self._warmed or len(self._graphs) >= MAX_GRAPHS:
-                self._warmed.add(key)
-                return self.fn(*args)
-            recorded = self._record(key, args)
-        for i in recorded.copied:
-            recorded.inputs[i].copy_(args[i])
-        recorded.graph.replay()
-        self.replays += 1
-        for i in recorded.copied_back:
-            args[i].copy_(recorded.inputs[i])
-        return _clone(recorded.outputs)
+        with self._lock:  # one graph's buffers serve one call at a time (threads would mix their inputs)
+            recorded = self._graphs.get(key)
+            if recorded is None:
+                if key in self._failed or key not in self._warmed or len(self._graphs) >= MAX_GRAPHS:
+                    self._warmed.add(key)
+                    return self.fn(*args)
+                recorded = self._record(key, args)
+                if recorded is None:
+                    return self.fn(*args)
+            for i in recorded.copied:
+                recorded.inputs[i].copy_(args[i])
+            recorded.graph.replay()
+            self.replays += 1
+            for i in recorded.copied_back:
+                args[i].copy_(recorded.inputs[i])
+            return _clone(recorded.outputs)
 
-    def _record(self, key: tuple[Any, ...], args: tuple[Any, ...]) -> _Recorded:
+    def _record(self, key: tuple[Any, ...], args: tuple[Any, ...]) -> _Recorded | None:
+        """Record the graph of one call signature, or None (logged, never again for this signature) when ``fn``
+        cannot be captured (it synchronizes, or copies to the host): then it runs without a graph, as Inductor's
+        trees fall back."""
         copied = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and not is_static(a)]
         inputs = [a.clone() if i in copied else a for i, a in enumerate(args)]
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         torch.cuda.synchronize()
-        with torch.cuda.graph(graph, pool=self._pool):
-            outputs = self.fn(*inputs)
+        try:
+            with torch.cuda.graph(graph, pool=self._pool):
+                outputs = self.fn(*inputs)
+        except Exception as err:  # noqa: BLE001 - a graph that cannot be captured still runs, uncaptured
+            self._failed.add(key)
+            log.warning("%s cannot be recorded as a CUDA graph (%s: %s); it runs without one", self.name,
+                        type(err).__name__, err)
+            return None
         recorded = self._graphs[key] = _Recorded(graph, inputs, outputs, copied, self.mutated)
         log.info("%s: recorded CUDA graph %d for inputs %s", self.name, len(self._graphs),
                  [tuple(a.shape) for a in args if isinstance(a, torch.Tensor)][:4])

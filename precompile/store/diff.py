@@ -309,3 +309,20 @@ def explain_miss(key: str, factors: dict[str, Any], stored: list[tuple[str, dict
         return f"miss {key[:12]}: the cache holds no other artifact to compare with"
     n = sum(1 for k, m in stored if m is not None and k != key and m.get("kind") == factors.get("kind"))
     return f"miss {key[:12]}: closest of {n} stored artifacts is {near[0].key[:12]}, which {near[0].reason()}"
+
+
+def function_status(manifest: dict[str, Any]) -> str | None:
+    """For a stored whole-function manifest, why a process would not simply hit it, in a sentence: stored as
+    refused (and why), or frames left out of it (traced at run time, and why); None when neither, or for a graph
+    manifest.  (A changed source and guards that refuse a call depend on the loading process: its ``miss_reason``
+    says those.)"""
+    if manifest.get("kind") != "function" or not isinstance(manifest.get("build"), dict):
+        return None
+    build = manifest["build"]
+    if isinstance(build.get("refused"), str):
+        return f"stored as refused: its builder could not store it: {build['refused']}"
+    left_out = build.get("left_out")
+    if isinstance(left_out, dict) and left_out:
+        frames = "; ".join(f"{k}: {'; '.join(map(str, v)) if isinstance(v, list) else v}" for k, v in left_out.items())
+        return f"stored with frames left out (traced at run time in every process): {frames}"
+    return None

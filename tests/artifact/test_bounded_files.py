@@ -81,3 +81,23 @@ def test_paths_that_cannot_be_read_within_bounds_are_typed_errors(artifacts, tmp
     for (name, (_, error, cause)), result in zip(cases.items(), results):
         assert_refused(result, error, cause=cause, max_grew_mib=160, what=name)
     assert not marker.exists(), "a planted part ran"
+
+
+
+def test_a_manifest_recording_more_bytes_than_an_artifact_may_hold_is_malformed():
+    # each part within its own bound (2 GiB), together past what any worker could hold: refused at the parse
+    import pytest
+
+    from cache_backends.bounded import MAX_ARTIFACT_BYTES, MAX_BLOB_BYTES
+    from precompile import config
+    from precompile.artifact.function_manifest import FunctionManifest
+    from precompile.artifact.manifest import Manifest
+    from precompile.errors import ArtifactFormatError
+
+    parts = {f"{i:064x}": {"size": MAX_BLOB_BYTES, "role": "part"} for i in range(MAX_ARTIFACT_BYTES // MAX_BLOB_BYTES + 1)}
+    for cls in (Manifest, FunctionManifest):
+        doc = {**{f: {} for f in cls._FIELDS}, "schema": config.FORMAT_VERSION, "blobs": parts}
+        with pytest.raises(ArtifactFormatError, match="more than the"):
+            cls._check_header(doc, "manifest")
+        doc["blobs"] = dict(list(parts.items())[:2])  # within the bound: the header check passes
+        cls._check_header(doc, "manifest")

@@ -56,3 +56,13 @@ def test_brackets_inside_strings_do_not_count_and_escapes_are_honoured():
 def test_json_longer_than_its_bound_is_refused():
     with pytest.raises(InputLimitError, match="more than the 10"):
         loads_json(b'{"a": "0123456789"}', 10)
+
+
+def test_an_unterminated_string_of_escaped_quotes_is_refused_in_linear_time():
+    # b'"\\"\\"...': a depth scan that retried from every quote took 40 s on 64 KB (quadratic); a forged manifest
+    # of this shape must cost one pass, in every mode, since manifests are parsed before their signature is checked
+    for n in (32_000, 2_000_000):
+        start = time.monotonic()
+        with pytest.raises(ValueError, match="not terminated"):
+            loads_json(b'"' + b'\\"' * n, 1 << 24)
+        assert time.monotonic() - start < 10.0, n  # a hang check, not a speed claim

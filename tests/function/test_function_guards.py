@@ -10,7 +10,8 @@ import json
 
 import pytest
 import torch
-from conftest import run_python
+from _cli import cli, cli_json
+from conftest import run_python, spawn_python
 
 LIBRARY = '''
 import functools, threading, torch
@@ -30,6 +31,9 @@ def gelu(x):
 
 ACTIVATIONS = {"act": relu}                # a registry, as ALL_ATTENTION_FUNCTIONS
 
+def rotate(x):                             # a module function called by name, as apply_rotary_pos_emb is
+    return x.flip(-1)
+
 class Settings:                            # a config object holding a lock, as StaticCache and loggers do
     def __init__(self):
         self.scale = 0.5
@@ -44,7 +48,7 @@ class Net(torch.nn.Module):
 
     @returns_twice
     def forward(self, x):
-        return ACTIVATIONS["act"](self.proj(x)) * self.settings.scale
+        return rotate(ACTIVATIONS["act"](self.proj(x))) * self.settings.scale
 
 class Hooked(torch.nn.Module):
     def __init__(self):
@@ -56,6 +60,38 @@ class Hooked(torch.nn.Module):
 
     def forward(self, x):
         return torch.relu(self.proj(x))
+
+def accelerated():                         # a model with accelerate's hooks, as device_map= places them
+    from accelerate.hooks import ModelHook, add_hook_to_module
+
+    global Scale
+
+    class Scale(ModelHook):                # at module level, as accelerate's own hooks are
+        def pre_forward(self, module, *args, **kwargs):
+            return (args[0] * 3,) + args[1:], kwargs
+
+        def post_forward(self, module, output):
+            return output - 1
+
+    Scale.__qualname__ = "Scale"
+    net = Hooked.__new__(Hooked)
+    torch.nn.Module.__init__(net)
+    torch.manual_seed(0)
+    net.proj = torch.nn.Linear(16, 16)
+    add_hook_to_module(net, Scale())       # module.forward becomes a partial of accelerate's own wrapper
+    return net
+
+def local_config():                        # a config whose class is defined in a function: torch cannot store it
+    class Config:
+        scale = 0.25
+
+    net = Hooked.__new__(Hooked)
+    torch.nn.Module.__init__(net)
+    torch.manual_seed(0)
+    net.proj = torch.nn.Linear(16, 16)
+    net.cfg = Config()
+    net.forward = lambda x: torch.relu(net.proj(x)) * net.cfg.scale
+    return net
 
 class PerInstance(torch.nn.Module):        # a function made per instance: no import path names it
     def __init__(self):
@@ -74,10 +110,13 @@ import json, sys, torch
 sys.path.insert(0, sys.argv[1])
 import library, precompile
 from precompile.inductor.dynamo_pkg import frames_traced
-cache, what, swap, mode = sys.argv[2], sys.argv[3], sys.argv[4] == "swap", sys.argv[5]
-if swap:
+cache, what, swap, mode = sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
+if swap == "swap":
     library.ACTIVATIONS["act"] = library.gelu
-net = {"net": library.Net, "hooked": library.Hooked, "per_instance": library.PerInstance}[what]().eval()
+if swap == "patch":  # monkeypatched at its import path, as kernel libraries patch transformers' functions
+    library.rotate = lambda x: x.roll(1, -1)
+net = {"net": library.Net, "hooked": library.Hooked, "per_instance": library.PerInstance,
+       "accelerated": library.accelerated, "local_config": library.local_config}[what]().eval()
 x = torch.randn(4, 16, generator=torch.Generator().manual_seed(1))
 with torch.no_grad():
     f = precompile.compile(net, cache=cache, mode=None if mode == "none" else mode)
@@ -90,11 +129,11 @@ print(json.dumps(info))
 '''
 
 
-def _run(tmp_path, what, swap=False, mode="none"):
+def _run(tmp_path, what, swap="-", mode="none"):
     src = tmp_path / "src"
     src.mkdir(exist_ok=True)
     (src / "library.py").write_text(LIBRARY)
-    text = run_python(RUN, str(src), f"file://{tmp_path / 'cache'}", what, "swap" if swap else "-", mode)
+    text = run_python(RUN, str(src), f"file://{tmp_path / 'cache'}", what, swap, mode)
     return json.loads(text.strip().splitlines()[-1])
 
 
@@ -115,16 +154,33 @@ def test_decorated_forward_and_an_object_holding_a_lock_hit_in_a_fresh_process(t
 def test_an_identity_guard_is_not_loosened_another_function_in_the_registry_is_traced(tmp_path):
     _run(tmp_path, "net")
     # the registry now holds gelu where the build saw relu: the stored code (relu) must not run
-    swapped = _run(tmp_path, "net", swap=True)
+    swapped = _run(tmp_path, "net", swap="swap")
     assert swapped["outcome"] == "hit" and swapped["frames"] >= 1, swapped
     # gelu's values (Inductor's and eager's gelu may round differently), not relu's
     assert swapped["close"] and swapped["reason"].startswith("the stored guards refused a call"), swapped
+
+
+def test_a_function_monkeypatched_at_its_import_path_is_traced_not_served_the_stored_code(tmp_path):
+    _run(tmp_path, "net")
+    # library.rotate now names another function: the object at the path is not what was stored (its digest)
+    patched = _run(tmp_path, "net", swap="patch")
+    assert patched["outcome"] == "hit" and patched["frames"] >= 1, patched
+    assert patched["equal"] and patched["reason"].startswith("the stored guards refused a call"), patched
+    again = _run(tmp_path, "net")  # unpatched again: the stored function still hits
+    assert again["outcome"] == "hit" and again["frames"] == 0 and again["equal"], again
 
 
 def test_module_hooks_run_as_under_torch_compile(tmp_path):
     built = _run(tmp_path, "hooked")
     assert built["outcome"] == "built" and built["equal"], built  # equal to eager, hooks included
     hit = _run(tmp_path, "hooked")
+    assert hit["outcome"] == "hit" and hit["frames"] == 0 and hit["equal"], hit
+
+
+def test_accelerate_hooks_run_and_the_function_hits(tmp_path):
+    built = _run(tmp_path, "accelerated")
+    assert built["outcome"] == "built" and built["not_stored"] is None and built["equal"], built
+    hit = _run(tmp_path, "accelerated")
     assert hit["outcome"] == "hit" and hit["frames"] == 0 and hit["equal"], hit
 
 
@@ -139,6 +195,20 @@ def test_a_function_that_cannot_be_stored_is_stored_as_refused_once_and_says_why
     assert again["outcome"] == "traced" and again["equal"], again
     assert again["reason"] == f"its builder could not store it: {built['not_stored']}", again
     assert _stored(tmp_path) == before  # the worker read the reason and rewrote nothing
+    # the operator sees it too: diff of the key says why it is not a plain hit, inspect shows the reason
+    (key,) = [k for k, m in before.items() if m.get("kind") == "function"]
+    url = f"file://{tmp_path / 'cache'}"
+    assert cli_json("diff", key, "--cache", url)["status"] == f"stored as refused: its builder could not store it: " \
+                                                                  f"{built['not_stored']}"
+    shown = cli("inspect", key, "--cache", url).stdout
+    assert "stored as refused" in shown and "no import path names" in shown
+
+
+def test_a_guard_torch_cannot_store_never_fails_the_call(tmp_path):
+    built = _run(tmp_path, "local_config")  # torch raises TypeError for the local class: the call must still run
+    assert built["outcome"] == "built" and built["equal"] and built["not_stored"], built
+    again = _run(tmp_path, "local_config")
+    assert again["outcome"] == "traced" and again["equal"], again
 
 
 def test_reduce_overhead_on_a_cpu_hits_as_the_default_mode_does(tmp_path):
@@ -162,3 +232,49 @@ def test_modes_are_torch_compiles_and_an_unknown_mode_is_refused():
                                                                   "coordinate_descent_tuning": True}, True)
     with pytest.raises(ValueError, match="not a torch.compile mode"):
         precompile.compile(torch.nn.Linear(2, 2), mode="fast")
+
+
+# A worker that hit, then meets a size its stored guards refuse: it stores the function again only over the entry it
+# loaded.  ``hold`` waits (after its hit) until told to go on, so another worker's rewrite can land in between.
+RETRACE = '''
+import json, os, sys, time, torch
+sys.path.insert(0, sys.argv[1])
+import library, precompile
+from cache_backends.registry import open_cache
+cache, sizes, hold = sys.argv[2], [int(n) for n in sys.argv[3].split(",")], sys.argv[4]
+net = library.Hooked().eval()
+with torch.no_grad():
+    f = precompile.compile(net, cache=cache, dynamic=False)
+    f(torch.randn(sizes[0], 16))
+    if hold != "-":
+        open(hold + ".ready", "w").close()
+        while not os.path.exists(hold + ".go"):
+            time.sleep(0.05)
+    for n in sizes[1:]:
+        f(torch.randn(n, 16))
+print(json.dumps({"outcome": f.outcome, "retraces": f.retraces, "ref": open_cache(cache).get_ref(f.key)}))
+'''
+
+
+def test_after_a_retrace_a_worker_stores_only_over_the_entry_it_loaded(tmp_path):
+    import time
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "library.py").write_text(LIBRARY)
+    url, flag = f"file://{tmp_path / 'cache'}", str(tmp_path / "b")
+
+    def run(sizes, hold="-"):
+        return spawn_python(RETRACE, str(src), url, sizes, hold)
+
+    built = run("4").json()
+    held = run("4,9", hold=flag)  # worker B: hit, then waits
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "b.ready").exists():
+        assert time.monotonic() < deadline and held.popen.poll() is None, "worker B did not get to its hit"
+        time.sleep(0.05)
+    other = run("4,7").json()  # worker C: hit, retraced for size 7, stored over the entry both loaded
+    assert other["outcome"] == "hit" and other["retraces"] == 1 and other["ref"] != built["ref"], other
+    (tmp_path / "b.go").touch()
+    late = held.json()  # worker B retraced for size 9, but the key no longer holds what it loaded: kept C's
+    assert late["outcome"] == "hit" and late["retraces"] == 1 and late["ref"] == other["ref"], late

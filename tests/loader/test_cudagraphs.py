@@ -45,3 +45,14 @@ def test_a_new_shape_records_a_new_graph_and_cpu_inputs_run_directly():
         assert torch.equal(runner(x)[0], x * 3)
     assert runner.replays == 4 and len(runner._graphs) == 2  # per shape: a warm-up, then two replays
     assert torch.equal(runner(torch.ones(3))[0], torch.full((3,), 3.0))
+
+
+def test_a_graph_that_cannot_be_captured_runs_without_one():
+    def syncs(x):
+        return (x * float(x.sum().item()),)  # a host sync: capture fails
+
+    runner = CudaGraphRunner(syncs, name="syncs")
+    for _ in range(4):
+        x = torch.randn(5, device="cuda")
+        assert torch.equal(runner(x)[0], syncs(x)[0])
+    assert runner.replays == 0 and not runner._graphs

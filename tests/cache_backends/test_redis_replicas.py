@@ -1,0 +1,100 @@
+"""Blobs read from a Redis Cluster's replicas (cache_backends/redis_replicas.py), on a real cluster of 3 masters with a
+replica each: reads spread over masters and replicas; a replica that lacks a blob (lag) or holds a damaged copy costs
+a read from the master, never a miss, a drop or an error; refs and writes stay on the masters; ``replica_reads=0``."""
+
+from __future__ import annotations
+
+import os
+from contextlib import ExitStack, contextmanager
+
+import pytest
+from _cache_suite import unique_prefix
+
+from cache_backends import MISS, open_cache
+from precompile.errors import CacheURLError
+
+
+def getrange_calls(node) -> int:
+    return int(node.client().info("commandstats").get("cmdstat_getrange", {}).get("calls", 0))
+
+
+@contextmanager
+def replication_held(replica):
+    """The replica stops applying its master's stream inside the block (CLIENT PAUSE WRITE: it still serves reads),
+    as a lagging replica does; it catches up after."""
+    client = replica.client()
+    client.execute_command("CLIENT", "PAUSE", 30_000, "WRITE")
+    try:
+        yield
+    finally:
+        client.execute_command("CLIENT", "UNPAUSE")
+
+
+def test_reads_spread_over_masters_and_replicas_and_refs_stay_on_masters(redis_cluster):
+    cache = open_cache(redis_cluster.url(prefix=unique_prefix(), chunk_size="8KiB"))
+    assert cache.replica_reads and cache.stats()["replica_reads"] is True
+    blobs = [os.urandom(20_000) for _ in range(24)]  # 3 chunks each
+    digests = [cache.put_blob(b) for b in blobs]
+    cache.set_ref("ab" * 32, digests[0])
+    masters = redis_cluster.masters_now()
+    replicas = [n for n in redis_cluster.alive() if n not in masters]
+    before = {n.port: getrange_calls(n) for n in redis_cluster.alive()}
+    for _ in range(4):
+        assert cache.get_blobs(digests) == dict(zip(digests, blobs))
+    served = {n.port: getrange_calls(n) - before[n.port] for n in redis_cluster.alive()}
+    on_replicas = sum(served[n.port] for n in replicas)
+    assert on_replicas > 0 and sum(served[n.port] for n in masters) > 0, served
+    assert cache.counters()["replica_hits"] >= 24
+    gets = {n.port: int(n.client().info("commandstats").get("cmdstat_get", {}).get("calls", 0)) for n in replicas}
+    assert cache.get_ref("ab" * 32) == digests[0]
+    assert all(int(n.client().info("commandstats").get("cmdstat_get", {}).get("calls", 0)) == gets[n.port]
+               for n in replicas), "a ref was read from a replica"
+
+
+def test_a_replica_that_lacks_a_blob_or_holds_a_damaged_copy_costs_a_master_read(redis_cluster):
+    prefix = unique_prefix()
+    cache = open_cache(redis_cluster.url(prefix=prefix))
+    damaged = os.urandom(3000)
+    d_bad = cache.put_blob(damaged)
+    head = f"{prefix}:blob:{{{d_bad}}}"
+    master = redis_cluster.node_of(head)
+    intact = master.client().get(head)
+    master.client().setrange(head, 100, bytes([intact[100] ^ 0x01]))
+    master.client().execute_command("WAIT", 1, 1000)  # its replica holds the damaged copy too
+    lagging = os.urandom(3000)
+    replicas = [n for n in redis_cluster.alive() if n not in redis_cluster.masters_now()]
+    with ExitStack() as held:
+        for replica in replicas:
+            held.enter_context(replication_held(replica))
+        master.client().set(head, intact)  # the master's copy is whole again, its replica's is not
+        d_lag = cache.put_blob(lagging)  # on its master only, for now
+        lag_head = f"{prefix}:blob:{{{d_lag}}}"
+        (lag_replica,) = redis_cluster.replicas_of(redis_cluster.node_of(lag_head))
+        on_replica = lag_replica.client()
+        on_replica.execute_command("READONLY")
+        assert not on_replica.exists(lag_head)
+        counters = cache.counters()
+        for _ in range(16):  # a random node of the slot each time: the replicas are read (2**-16 odds they are not)
+            assert cache.get_blobs([d_bad, d_lag]) == {d_bad: damaged, d_lag: lagging}
+        after = cache.counters()
+    assert after["replica_fallbacks"] - counters.get("replica_fallbacks", 0) >= 2, after
+    assert after["errors"] == counters["errors"], "a replica's copy was counted as an error"
+    assert master.client().get(head) == intact, "a replica's damaged copy got the master's dropped"
+
+
+def test_replica_reads_off_reads_masters_only(redis_cluster):
+    cache = open_cache(redis_cluster.url(prefix=unique_prefix(), replica_reads=0))
+    assert not cache.replica_reads
+    digests = [cache.put_blob(os.urandom(2000)) for _ in range(12)]
+    masters = redis_cluster.masters_now()
+    replicas = [n for n in redis_cluster.alive() if n not in masters]
+    before = {n.port: getrange_calls(n) for n in replicas}
+    for _ in range(3):
+        assert MISS not in cache.get_blobs(digests).values()
+    assert all(getrange_calls(n) == before[n.port] for n in replicas)
+
+
+def test_replica_reads_need_a_cluster(redis_server):
+    with pytest.raises(CacheURLError, match="replica_reads=1 needs a Redis Cluster"):
+        open_cache(redis_server.url(replica_reads=1))
+    assert not open_cache(redis_server.url(replica_reads=0)).replica_reads
