@@ -97,8 +97,11 @@ def _mem_available() -> int:
 
 
 class Bench:
+    """One run of the tool: targets started and closed, storms run, everything measured kept in ``result``."""
+
     def __init__(self, a: argparse.Namespace, work: Path):
         self.a, self.work = a, work
+        self.keys: dict[int, str] = {}  # key index -> artifact key, from the first cold storm
         self.replica_reads, self.replica_reads_option = _replica_reads(a.replica_reads) if a.cluster else (False, False)
         self.result: dict = {"storms": [], "faults": [], "skipped": [], "lone": {}, "keys": a.keys,
                              "cpus": os.cpu_count(), "replica_reads": self.replica_reads}
