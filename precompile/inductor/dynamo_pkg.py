@@ -64,12 +64,27 @@ def optimize(fn: Callable[..., Any], backend: Callable[..., Any], package: Any, 
         eval_frame.get_compiler_fn = lambda f: _LazyDebugBackend(f) if f is backend else original(f)
         try:
             return torch._dynamo.optimize(backend, nopython=fullgraph, dynamic=dynamic, package=package,
-                                          guard_filter_fn=named_guards.portable_guards, guard_export_fn=guard_export)(fn)
+                                          guard_filter_fn=named_guards.portable_guards, guard_export_fn=guard_export,
+                                          **_isolated())(fn)
         finally:
             eval_frame.get_compiler_fn = original
 
 
 _OPTIMIZE_LOCK = threading.Lock()
+
+
+@functools.cache
+def _isolated() -> dict[str, bool]:
+    """``isolate_recompiles=True`` where this torch has it (2.13): each compiled function's recompilations then
+    count and stay apart from other functions' on a code object they share.  Library models share their top
+    frame's code (transformers' output decorators wrap every model's forward), and without it a process with a few
+    models meets Dynamo's recompile limit (8) on that code and runs the rest uncompiled."""
+    import inspect as _inspect
+
+    from torch._dynamo import eval_frame
+
+    return {"isolate_recompiles": True} if "isolate_recompiles" in _inspect.signature(
+        eval_frame._optimize).parameters else {}
 
 
 class _LazyDebugBackend:
