@@ -231,12 +231,19 @@ def artifacts(session_dirs, _isolated_session_environment) -> Artifacts:
 
 @pytest.fixture
 def cache_copy(artifacts, tmp_path):
-    """A copy of the session cache directory (holding the ``"dynamo"`` artifact), for tests that damage it."""
+    """A copy of the session cache directory holding one ref, the ``"dynamo"`` artifact's, for tests that damage
+    it (other tests' artifacts in the session cache are unreferenced there; their blobs stay)."""
 
     def copy() -> Path:
-        artifacts("dynamo")
+        from cache_backends.local import LocalCache
+
+        key = artifacts("dynamo").art.key
         dest = tmp_path / "cache-copy"
         shutil.copytree(artifacts.cache_dir, dest)
+        cache = LocalCache(dest)
+        for other in [k for k, _ in cache.iter_refs() if k != key]:
+            cache.delete_ref(other)
+        cache.close()
         return dest
 
     return copy
