@@ -54,9 +54,6 @@ COUNTERS: Final = ("hits", "misses", "builds", "puts", "bytes_read", "bytes_writ
 HEX64: Final = re.compile(r"\A[0-9a-f]{64}\Z")  # \Z, not $: "$" also matches before a final newline
 
 
-#: Largest decompressed/compressed ratio accepted from a frame header (zstd's own bound is ~32768); a header
-#: claiming more is corruption, rejected before allocating the output.
-
 #: What ``get_blob``/``get_blobs`` take as ``max_bytes``: one bound for every digest, a bound per digest (a
 #: manifest's recorded sizes; a digest it lacks gets :data:`MAX_BLOB_BYTES`), or None for the format's bound.
 Bounds = Union[int, Mapping[str, int], None]

@@ -27,6 +27,7 @@ that read a cache treat either as a miss.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -49,6 +50,8 @@ MAX_BLOB_BYTES = 2 << 30
 #: Largest sum of the part sizes one manifest may record, bytes: each part within :data:`MAX_BLOB_BYTES` could
 #: still add up past any worker's memory (a real artifact holds kernels and their binaries: megabytes).
 MAX_ARTIFACT_BYTES = 8 << 30
+#: The most of a ref that is read (bytes): a ref holds one 64-character digest.
+MAX_REF_BYTES = 256
 #: Largest decompressed/compressed ratio accepted from a frame header (zstd's own bound is ~32768); a header
 #: claiming more is corruption, rejected before the output is allocated.
 MAX_RATIO = 65536
@@ -62,7 +65,8 @@ MAX_JSON_DEPTH = 64
 #: One scan of a JSON text: a whole string, a bracket, or a quote that opens no closed string.  Each character
 #: matches one alternative only, so a failed string costs one pass and ends the scan: linear time (a pattern that
 #: retried from every quote of an unterminated string would be quadratic in a forged manifest).
-_TOKENS = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]|"', re.DOTALL)
+_NOT_A_FILE = frozenset({errno.ENXIO, errno.ELOOP, errno.ENODEV, errno.EISDIR})
+_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]|"', re.DOTALL)
 
 
 def frame_bound(max_bytes: int) -> int:
@@ -80,7 +84,13 @@ def open_regular(path: str | os.PathLike[str], what: str = "file") -> IO[bytes]:
         NotRegularFileError: ``path`` is a FIFO, device, directory or socket (nothing is read from it).
         OSError: any other failure to open it.
     """
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as err:  # a socket (ENXIO), a symlink loop (ELOOP), a device with no driver (ENODEV)
+        if err.errno in _NOT_A_FILE:
+            raise NotRegularFileError(f"{what} {os.fspath(path)} cannot be opened as a file "
+                                      f"({errno.errorcode.get(err.errno, err.errno)}); refused") from err
+        raise
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
@@ -166,22 +176,26 @@ def loads_json(data: bytes | str, max_bytes: int, what: str = "document", max_de
 
     Raises:
         InputLimitError: the document is longer or deeper than its bounds (nothing is parsed).
-        ValueError: it is not JSON (``json.JSONDecodeError``), or not UTF-8.
+        ValueError: it is not JSON (``json.JSONDecodeError``), or bytes that are not UTF-8
+            (``UnicodeDecodeError``).
     """
-    raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else bytes(data)
-    if len(raw) > max_bytes:
-        raise InputLimitError(f"{what} is {len(raw)} bytes, more than the {max_bytes} accepted")
+    size = len(data.encode("utf-8", "surrogatepass")) if isinstance(data, str) else len(data)
+    if size > max_bytes:
+        raise InputLimitError(f"{what} is {size} bytes, more than the {max_bytes} accepted")
+    # Bytes are decoded here, strictly, and the text is scanned and parsed: json.loads(bytes) would guess UTF-16 or
+    # UTF-32 from the first bytes, and a depth scan of the bytes would miss the brackets that decoding makes.
+    text = data if isinstance(data, str) else bytes(data).decode("utf-8")
     depth = 0
-    for m in _TOKENS.finditer(raw):
+    for m in _TOKENS.finditer(text):
         token = m.group()
-        if token == b'"':
+        if token == '"':
             raise ValueError(f"{what} is not JSON: a string is not terminated")
-        if token[0] == 0x22:  # a whole string: brackets inside it do not count
+        if token[0] == '"':  # a whole string: brackets inside it do not count
             continue
-        depth += 1 if token in (b"[", b"{") else -1
+        depth += 1 if token in ("[", "{") else -1
         if depth > max_depth:
             raise InputLimitError(f"{what} nests deeper than {max_depth} levels; refused before parsing")
-    return json.loads(raw)
+    return json.loads(text)
 
 
 def inflate(frame: bytes | memoryview, max_bytes: int, what: str = "blob") -> bytes:

@@ -49,7 +49,7 @@ from cache_backends.base import (
     check_name,
     digest_bytes,
 )
-from cache_backends.bounded import open_regular
+from cache_backends.bounded import MAX_REF_BYTES, open_regular
 from cache_backends.local_counters import STATS_LOCK_TIMEOUT_S, LocalCountersMixin  # noqa: F401
 from cache_backends.local_fetch import DEFAULT_FETCH_WAIT_S, LocalFetchMixin
 from cache_backends.local_files import SUSPECT, READ_ONLY_ERRNOS, LocalFilesMixin, drop_ident, lstat_or_none
@@ -302,7 +302,7 @@ class LocalCache(LocalUpkeepMixin, LocalCountersMixin, LocalFilesMixin, LocalFet
         try:
             with open_regular(path, "cache ref") as f:
                 st = os.fstat(f.fileno())
-                text = f.read(256)
+                text = f.read(MAX_REF_BYTES)
         except FileNotFoundError:
             return MISS
         except NotRegularFileError as err:  # a FIFO, device or directory: never read, dropped as a garbled ref

@@ -260,7 +260,7 @@ def read_unpacked(path: Path, check: Callable[[Manifest], None] | None = None) -
             signature here); its exceptions propagate.
 
     Raises:
-        ArtifactFormatError: no ``manifest.json``, a bad ``index.json``, a part missing, modified or larger than its
+        ArtifactFormatError: no ``manifest.json`` or one that cannot be read, a bad ``index.json``, a part missing, modified or larger than its
             manifest records (then chained to the :class:`~precompile.errors.InputLimitError`).
         NotRegularFileError: ``manifest.json``, ``index.json`` or a part is a FIFO, device, directory or socket
             (nothing is read from it).
@@ -274,6 +274,10 @@ def read_unpacked(path: Path, check: Callable[[Manifest], None] | None = None) -
                                   "artifact") from err
     except InputLimitError as err:
         raise ArtifactFormatError(f"{path}/manifest.json is over its bound: {err}") from err
+    except NotRegularFileError:
+        raise
+    except OSError as err:  # EIO, EACCES...: as read_binary words a file it cannot read
+        raise ArtifactFormatError(f"{path}/manifest.json cannot be read: {err}") from err
     manifest = Manifest.from_dict(load_json(raw))
     if check is not None:
         check(manifest)

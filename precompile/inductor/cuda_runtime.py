@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from cache_backends.bounded import loads_json
 from precompile.inductor import shim
 from precompile.inductor.memfd import memfd
 
@@ -74,7 +75,7 @@ def read_launch(blob: bytes, digest: str) -> tuple[dict[str, Any], bytes]:
     if n > _RECORD_MAX_BYTES or _HEADER.size + n > len(blob):
         raise ValueError(f"launch blob {digest[:12]} declares a record of {n} bytes in {len(blob)}")
     try:
-        record = json.loads(blob[_HEADER.size:_HEADER.size + n])
+        record = loads_json(blob[_HEADER.size:_HEADER.size + n], _RECORD_MAX_BYTES, f"launch record of {digest[:12]}")
     except ValueError as err:
         raise ValueError(f"launch record of {digest[:12]} is not JSON: {err}") from err
     fields = {"name": str, "params": list, "passed": list, "grid": list, "arg_tys": str, "scratch": int,

@@ -66,3 +66,26 @@ def test_an_unterminated_string_of_escaped_quotes_is_refused_in_linear_time():
         with pytest.raises(ValueError, match="not terminated"):
             loads_json(b'"' + b'\\"' * n, 1 << 24)
         assert time.monotonic() - start < 10.0, n  # a hang check, not a speed claim
+
+
+@pytest.mark.parametrize("encoding", ["utf-16-le", "utf-16", "utf-32"])
+def test_json_in_another_encoding_cannot_hide_its_depth(encoding):
+    """json.loads(bytes) would guess UTF-16/32, where a character like U+2200 holds a '"' byte: a byte scan then
+    took 5000 brackets for a string's contents and json.loads raised RecursionError."""
+    deep = ('["\u2200", ' + "[" * 5000 + "]" * 5000 + ', "\u2200", "a"]').encode(encoding)
+    with pytest.raises(ValueError):  # not UTF-8: refused, never parsed
+        loads_json(deep, 1 << 20)
+    with pytest.raises(InputLimitError, match="nests deeper"):
+        loads_json(deep.decode(encoding).encode("utf-8"), 1 << 20)
+
+
+def test_a_socket_or_a_symlink_loop_is_not_a_regular_file(tmp_path):
+    import socket
+
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(str(tmp_path / "sock"))
+        with pytest.raises(NotRegularFileError, match="ENXIO"):
+            read_regular(tmp_path / "sock", 10)
+    (tmp_path / "loop").symlink_to("loop")
+    with pytest.raises(NotRegularFileError, match="ELOOP"):
+        read_regular(tmp_path / "loop", 10)
