@@ -166,16 +166,23 @@ def _public_from_text(text: str, where: str) -> Ed25519PublicKey:
 
 
 def _public_from_file(path: str, data: bytes) -> list[Ed25519PublicKey]:
-    """The keys of a key file's bytes: one PEM public key, or ``ed25519:<64 hex>`` lines.
+    """The keys of a key file's bytes: one PEM public key (alone in the file), or ``ed25519:<64 hex>`` lines.
 
     Raises:
-        TrustConfigError: the PEM key does not load or is not Ed25519, or a line is not blank, a comment or
+        TrustConfigError: the file holds more than one PEM block or anything beside its one block, the PEM key does
+            not load or is not Ed25519, or a line is not blank, a comment or
             exactly one key (the message names the file and the line).
     """
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
     from cryptography.hazmat.primitives.serialization import load_pem_public_key
 
     if b"-----BEGIN" in data:
+        body = data.strip()
+        if data.count(b"-----BEGIN") != 1 or not body.startswith(b"-----BEGIN") or not body.endswith(b"-----"):
+            # load_pem_public_key reads the first block and ignores the rest: a second key or a stray line would be
+            # dropped without a word
+            raise TrustConfigError(f"verify key file {path} must hold exactly one PEM public key and nothing else, "
+                                   "or 'ed25519:<64 hex>' lines; give each further PEM key its own file")
         try:
             key = load_pem_public_key(data)
         except (ValueError, TypeError) as err:

@@ -211,3 +211,25 @@ def test_a_builder_with_a_blank_signing_key_stores_nothing(artifacts, tmp_path, 
     with pytest.raises(TrustConfigError):
         copy_of(c.art).save(tmp_path / "a.pc")
     assert not (tmp_path / "a.pc").exists()
+
+
+@pytest.mark.parametrize("extra", ["second key", "a line before", "a line after"])
+def test_a_pem_key_file_holds_one_key_and_nothing_else(extra, builder, tmp_path, monkeypatch):
+    """cryptography's PEM reader takes the first block and ignores the rest: a second key (a rotation) or a stray
+    line would be dropped without a word, so such a file is an error naming it."""
+    from cryptography.hazmat.primitives import serialization
+
+    _clear_caches()
+    key_path, _ = builder
+    one = trust.load_signing_key(key_path).public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    trust.generate_key(tmp_path / "other.pem")
+    other = trust.load_signing_key(str(tmp_path / "other.pem")).public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    data = {"second key": one + other, "a line before": b"ed25519:" + b"a" * 64 + b"\n" + one,
+            "a line after": one + b"garbage\n"}[extra]
+    path = tmp_path / "keys.pem"
+    path.write_bytes(data)
+    monkeypatch.setenv("PRECOMPILE_VERIFY_KEYS", str(path))
+    with pytest.raises(TrustConfigError, match="exactly one PEM public key and nothing else"):
+        trust.policy()
