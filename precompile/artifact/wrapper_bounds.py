@@ -16,6 +16,8 @@ these checks do not rely on it.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,6 +68,8 @@ def extent(size: Any, stride: Any, offset: Any) -> int:
             raise WrapperGraphError(f"a size, stride or offset of {_short(v)} (a non-negative int below 2**63)")
     if 0 in size:
         return offset
+    if math.prod(size) >= LIMIT:
+        raise WrapperGraphError(f"a view or allocation of {math.prod(size)} elements, past int64")
     end = offset + 1 + sum((s - 1) * st for s, st in zip(size, stride))
     if end >= LIMIT:
         raise WrapperGraphError(f"a view or allocation reaching element {end}, past int64")
@@ -119,7 +123,10 @@ def checked_int(fn: Any) -> Any:
         WrapperGraphError: the result is anything else (a tensor, a float, an integer past int64).
     """
     def call(*args: Any) -> Any:
-        out = fn(*args)
+        try:
+            out = fn(*args)
+        except ArithmeticError as err:  # a floordiv or mod by 0, an overflow
+            raise WrapperGraphError(f"size arithmetic failed: {type(err).__name__}: {err}") from err
         if type(out) not in (int, bool) or not -LIMIT <= out < LIMIT:
             raise WrapperGraphError(f"size arithmetic gave {type(out).__name__} {_short(out)}, not an int64")
         return out
@@ -211,9 +218,10 @@ def _view(args: list[Any], kwargs: dict[str, Any], values: list[Value], checks: 
     if base.kind not in ("tensor", "any"):
         raise WrapperGraphError(f"a view of a {base.kind}, not a tensor")
     size, stride = _ints(args[1], values), _ints(args[2], values)
-    offset = None if _ref(args[3]) is not None else args[3]
-    if offset is None and values[_ref(args[3])].kind not in _INTS:
-        raise WrapperGraphError("a view's offset must be an integer")
+    k = _ref(args[3])
+    offset = args[3] if k is None else None
+    if (k is None and type(offset) is not int) or (k is not None and values[k].kind not in _INTS):
+        raise WrapperGraphError(f"a view's offset must be an integer, not {_short(args[3])}")
     need = None
     if None not in size and None not in stride and offset is not None:
         need = extent(size, stride, offset)

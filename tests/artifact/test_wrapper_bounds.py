@@ -110,6 +110,25 @@ def test_sizes_strides_and_offsets_that_cannot_be_checked_are_refused(size, stri
             check(_graph((EMPTY, [size, stride], F32)))
 
 
+@pytest.mark.parametrize("offset", [None, "3", 1.5, True, [0], {"$dtype": "float32"}])
+def test_an_offset_that_is_not_an_integer_is_refused_at_load(offset):
+    with pytest.raises(WrapperGraphError, match="offset must be an integer"):
+        check(_graph((VIEW, [X, [1], [1], offset], {})))
+
+
+def test_zero_strides_cannot_make_more_elements_than_int64_holds():
+    with pytest.raises(WrapperGraphError, match="elements, past int64"):
+        check(_graph((VIEW, [X, [1 << 62, 1 << 62], [0, 0], 0], {})))
+
+
+@pytest.mark.parametrize("op", ["_operator:floordiv", "_operator:mod"])
+def test_size_arithmetic_by_zero_is_a_wrapper_graph_error_at_the_call(op):
+    fn = build(_graph(({"op": "aten::sym_size.int"}, [X, 0], {}), ({"fn": op}, [7, {"$node": 1}], {})))
+    assert fn(torch.zeros(2)) == (7 // 2 if op.endswith("floordiv") else 7 % 2)
+    with pytest.raises(WrapperGraphError, match="ZeroDivisionError"):
+        fn(torch.zeros(0))
+
+
 def test_a_view_of_something_not_a_tensor_is_refused():
     with pytest.raises(WrapperGraphError, match="a view of a int"):
         check(_graph(({"op": "aten::sym_size.int"}, [X, 0], {}), (VIEW, [{"$node": 1}, [1], [1], 0], {})))
