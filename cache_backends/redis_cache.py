@@ -35,9 +35,10 @@ promoted) is retried with backoff for up to ``retry_s`` seconds before the break
 (:mod:`cache_backends.redis_failover`), and blobs are read from a random node of their slot, master or replica,
 then from the master where that copy is missing or damaged (:mod:`cache_backends.redis_replicas`).
 
-Every count and length read from Redis is bounded by what the data holds: a chunk count is trusted only as far
-as chunks exist (a garbled head claiming four billion chunks costs one round trip, not a four-billion-entry
-list), and a frame never decompresses past its stored length times zstd's largest ratio.
+Every count and length read from Redis is bounded: a chunk count is trusted only as far as chunks exist (a
+garbled head claiming four billion chunks costs one round trip, not a four-billion-entry list), a blob is read
+only up to the reader's ``max_bytes`` (:mod:`cache_backends.bounded`), a frame never inflates past it, and a ref
+is read with ``GETRANGE`` up to :data:`~cache_backends.bounded.MAX_REF_BYTES`.
 
 The URL and its options are parsed in :mod:`cache_backends.redis_url`, the stored head and chunk format in
 :mod:`cache_backends.redis_codec`; blobs are read and written in :mod:`cache_backends.redis_blobs`, counters in
@@ -57,11 +58,12 @@ from typing import Any
 import redis.exceptions as rex
 
 from cache_backends.base import HEX64, MISS, Cache, _Miss, check_name
+from cache_backends.bounded import MAX_REF_BYTES
 from cache_backends.redis_blobs import WRONG_TYPE, BlobsMixin, execute
 from cache_backends.redis_counters import CountersMixin
 from cache_backends.redis_failover import FailoverPending, current_deadline, is_failover, retrying
 from cache_backends.redis_health import Breaker, CounterSink, server_key
-from cache_backends.redis_leases import RELEASE_LUA, RENEW_LUA, LeasesMixin
+from cache_backends.redis_leases import ACQUIRE_LUA, RELEASE_LUA, RENEW_LUA, LeasesMixin
 from cache_backends.redis_replicas import ReplicasMixin
 from cache_backends.redis_upkeep import UpkeepMixin
 from cache_backends.redis_url import DOWN_ERRORS as _DOWN_ERRORS
@@ -141,6 +143,7 @@ class RedisCache(ReplicasMixin, BlobsMixin, CountersMixin, LeasesMixin, UpkeepMi
         self._sink = CounterSink.for_hash(server_key(url), self._counters_key, self._send_counts)
         self._lock = threading.Lock()
         self._warned: set[str] = set()
+        self._acquire = client.register_script(ACQUIRE_LUA)
         self._release = client.register_script(RELEASE_LUA)
         self._renew = client.register_script(RENEW_LUA)
 
@@ -263,11 +266,11 @@ class RedisCache(ReplicasMixin, BlobsMixin, CountersMixin, LeasesMixin, UpkeepMi
         refresh = self.ttl_s is not None and not self.read_only
         with self._talk(f"reading ref {key[:12]}"):
             pipe = self.client.pipeline(transaction=False)
-            pipe.get(rkey)
+            pipe.getrange(rkey, 0, MAX_REF_BYTES - 1)  # bounded: a planted 512 MiB value costs 256 bytes
             if refresh:
                 pipe.pexpire(rkey, int(self.ttl_s * 1000))  # type: ignore[operator]
             raw = execute(pipe)[0]
-        if raw is None:
+        if raw is None or raw == b"":  # GETRANGE of a missing key is empty
             return MISS
         text = raw.decode("ascii", "replace") if isinstance(raw, bytes) else ""  # WRONG_TYPE: a hash, a list...
         if not HEX64.match(text):
@@ -323,7 +326,7 @@ class RedisCache(ReplicasMixin, BlobsMixin, CountersMixin, LeasesMixin, UpkeepMi
             keys = [k for k in self._scan_keys(f"{self.prefix}:ref:*") if HEX64.match(k.rsplit(":", 1)[-1])]
             pipe = self.client.pipeline(transaction=False)
             for k in keys:
-                pipe.get(k)
+                pipe.getrange(k, 0, MAX_REF_BYTES - 1)
             values = execute(pipe) if keys else []  # a ref of another type is skipped, as a garbled one is
         texts = [v.decode("ascii", "replace") if isinstance(v, bytes) else "" for v in values]
         return [(k.rsplit(":", 1)[-1], t) for k, t in zip(keys, texts) if HEX64.match(t)]

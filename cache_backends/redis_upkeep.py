@@ -12,7 +12,7 @@ from typing import Any
 
 from cache_backends import redis_codec as codec
 from cache_backends.base import HEX64, StoredBlob, StoredRef, check_name
-from cache_backends.bounded import MAX_BLOB_BYTES
+from cache_backends.bounded import MAX_BLOB_BYTES, MAX_REF_BYTES
 from cache_backends.redis_blobs import WRONG_TYPE, execute
 from precompile.errors import InputLimitError
 
@@ -74,15 +74,15 @@ class UpkeepMixin:
             names = [n for n in self._scan_keys(f"{self.prefix}:ref:*") if HEX64.match(n.rsplit(":", 1)[-1])]
             pipe = self.client.pipeline(transaction=False)
             for name in names:
-                pipe.get(name)
+                pipe.getrange(name, 0, MAX_REF_BYTES - 1)
                 pipe.object("idletime", name)
             replies = pipe.execute(raise_on_error=False) if names else []
         now = time.time()
         out = []
         for i, name in enumerate(names):
             value, idle = replies[2 * i:2 * i + 2]
-            if isinstance(value, bytes):
-                out.append(StoredRef(name.rsplit(":", 1)[-1], value.decode("ascii", "replace").strip()[:256],
+            if isinstance(value, bytes) and value:
+                out.append(StoredRef(name.rsplit(":", 1)[-1], value.decode("ascii", "replace").strip(),
                                      self._last_used(idle, now)))
         return out
 

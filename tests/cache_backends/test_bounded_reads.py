@@ -152,3 +152,28 @@ def test_a_redis_chunked_blob_lying_about_its_length_is_read_no_further_than_its
     assert counters["value"]["over_limit"] >= 2
     assert not r.exists(f"precompile:blob:{{{names[0]}}}")  # a chunk longer than its head allows: corrupt, dropped
     assert r.exists(f"precompile:blob:{{{names[1]}}}") and r.exists(f"precompile:blob:{{{names[3]}}}")
+
+
+REF_PROBE = """
+from cache_backends import open_cache
+cache = open_cache(sys.argv[1])
+measure(lambda: repr(cache.get_ref(sys.argv[2])))
+measure(lambda: len(list(cache.iter_refs())))
+measure(lambda: len(cache.list_refs()))
+"""
+
+
+def test_a_huge_redis_ref_costs_a_read_only_worker_256_bytes(redis_server):
+    """A ref holds one digest: a 256 MiB value planted in its place is read 256 bytes at a time (GETRANGE), by
+    lookups, listings and upkeep, and is a miss; a worker that may not write leaves it, a writer replaces it."""
+    url = redis_server.url()
+    r = redis_server.client()
+    r.set(f"precompile:ref:{KEY}", b"a" * (256 << 20))
+    ref, listed, upkeep = probe(REF_PROBE, redis_server.url(read_only=1), KEY)
+    for result, what in ((ref, "get_ref"), (listed, "iter_refs"), (upkeep, "list_refs")):
+        assert_refused(result, None, max_grew_mib=32, what=f"a 256 MiB ref, {what}")
+    assert ref["value"] == "MISS" and listed["value"] == 0 and upkeep["value"] == 1
+    cache = open_cache(url)
+    digest = cache.put_blob(b"x")
+    cache.set_ref(KEY, digest)
+    assert cache.get_ref(KEY) == digest

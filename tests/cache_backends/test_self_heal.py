@@ -81,6 +81,26 @@ def test_a_wrong_typed_ref_is_a_miss_dropped_on_read_skipped_in_listings_and_rep
     assert cache.get_ref(bad) == d and dict(cache.iter_refs()) == {good: d, bad: d}
 
 
+@pytest.mark.parametrize("kind", ["hash", "list", "string"])
+def test_a_key_without_expiry_where_a_lease_goes_is_no_lease_and_is_replaced(kind, redis_server):
+    """Every lease expires; a key without an expiry in a lease's place (planted, or set by hand) would hold every
+    worker off for good (each waiting out its wait_s, then building anyway).  It is not a lease: the next worker
+    to ask takes the lease over it, and a real lease is still respected."""
+    cache = open_cache(redis_server.url())
+    key = "cd" * 32
+    lease = f"precompile:lease:{key}"
+    r = redis_server.client()
+    if kind == "string":
+        r.set(lease, b"by hand")
+    else:
+        plant_type(r, lease, kind)
+    assert r.pttl(lease) == -1 and not cache.lease_held(key)
+    token = cache.acquire_lease(key, ttl_s=30)
+    assert token and r.get(lease) == token.encode() and 0 < r.pttl(lease) <= 30_000 and cache.lease_held(key)
+    assert cache.acquire_lease(key, ttl_s=30) is None  # a real lease holds
+    assert cache.release_lease(key, token) and not cache.lease_held(key)
+
+
 def test_the_cli_lists_and_verifies_a_redis_cache_with_wrong_typed_keys(redis_server):
     from _cli import cli
 
