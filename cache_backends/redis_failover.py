@@ -9,9 +9,11 @@ method marked :func:`retrying` runs again, after a pause that doubles from :data
 ``retry_s`` seconds have passed; only then is the server marked down (the breaker) and the call fails with
 :class:`~precompile.errors.CacheUnavailableError`.
 
-A timeout is never retried: a stalled node (SIGSTOP, a partition) costs one socket timeout, then the breaker.
-Every operation retried is idempotent (reads, SETs of content-addressed values, compare-and-set scripts), except a
-lease taken whose reply was lost: it then reads as held by another worker, and expires after its TTL.
+A timeout is never retried, by this module or by redis-py (cluster clients are built with no retries of their
+own): a stalled node (SIGSTOP, a partition) costs one socket timeout through the masters' client, and at most one
+more through the replica-read client, then the breakers.  Every operation retried is idempotent (reads, SETs of
+content-addressed values, compare-and-set scripts; a lease is taken with one token for every try, so a try whose
+reply was lost is found to be the caller's own).
 """
 
 from __future__ import annotations

@@ -127,6 +127,7 @@ def open_client(url: str) -> tuple[Any, str, dict[str, Any]]:
         # timeout: a stalled server must cost one timeout, not two (redis-py retries timeouts by default)
         kwargs["retry"] = Retry(ExponentialBackoff(cap=0.2, base=0.02), 1, supported_errors=(rex.ConnectionError,))
         if cluster:
+            del kwargs["retry"]  # _cluster_client sets its own (see there)
             if scheme == "unix":
                 raise CacheURLError(f"cluster=1 needs a redis:// or rediss:// URL, got {redact(url)!r}")
             if parts.path.strip("/") not in ("", "0"):
@@ -154,12 +155,20 @@ def _cluster_client(redis_url: str, kwargs: dict[str, Any], replicas: bool = Fal
     Raises:
         redis.exceptions.RedisClusterException, ConnectionError...: no node answers.
     """
+    from redis.backoff import NoBackoff
     from redis.cluster import ClusterNode, LoadBalancingStrategy
+    from redis.retry import Retry
 
     RedisCluster = _spread_cluster_class()
     parts = urlsplit(redis_url)
     where = f"{parts.hostname}:{parts.port or 6379}"
     extra: dict[str, Any] = {"load_balancing_strategy": LoadBalancingStrategy.RANDOM} if replicas else {}
+    # While it is built the client may retry: its COMMAND goes to a random node (see _spread_cluster_class), and one
+    # that is down (a master killed, not yet failed over) must not fail the open, so another is asked.  Once built,
+    # none: redis-py retries every ERRORS_ALLOW_RETRY (timeouts too, whatever supported_errors says) and reloads
+    # the slot map between tries, so one stalled node cost several timeouts a call; failovers are ridden out by
+    # redis_failover.retrying instead, with backoff and a deadline.
+    extra["retry"] = Retry(NoBackoff(), 10)
     try:
         client = RedisCluster.from_url(redis_url, **extra, **kwargs)
     except DOWN_ERRORS:
@@ -168,6 +177,7 @@ def _cluster_client(redis_url: str, kwargs: dict[str, Any], replicas: bool = Fal
         if not known:
             raise
         client = RedisCluster.from_url(redis_url, startup_nodes=known, **extra, **kwargs)
+    client.set_retry(Retry(NoBackoff(), 0))
     nodes = [(n.host, int(n.port)) for n in client.get_nodes()]
     with _KNOWN_LOCK:
         _KNOWN_NODES[where] = nodes[:64]
