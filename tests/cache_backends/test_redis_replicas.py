@@ -8,7 +8,7 @@ import os
 from contextlib import ExitStack, contextmanager
 
 import pytest
-from _cache_suite import unique_prefix
+from _cache_backends import unique_prefix
 
 from cache_backends import MISS, open_cache
 from precompile.errors import CacheURLError
