@@ -69,6 +69,9 @@ class FetchLock:
                 except filelock.Timeout:
                     self.timed_out += 1
                     continue
+                except (OSError, NotImplementedError) as err:  # as below: fetch without it
+                    log.debug("per-host fetch lock %s not taken: %s", stripe, err)
+                    continue
                 finally:
                     self.waited_s += time.monotonic() - start
             except (OSError, NotImplementedError) as err:  # cannot make or lock the file: fetch without it

@@ -212,6 +212,11 @@ class RedisCache(ReplicasMixin, BlobsMixin, CountersMixin, LeasesMixin, UpkeepMi
                                                     f"{type(err).__name__}: {err}") from err
                     if time.monotonic() < deadline:
                         raise FailoverPending(f"{what}: {type(err).__name__}: {err}") from err
+                    # the failover outlasted retry_s: down, as a lost server is, so that the calls after this one
+                    # fail fast instead of each spending retry_s again
+                    self._trip(f"still failing over after {self.retry_s:g} s: {type(err).__name__}: {err}")
+                    raise CacheUnavailableError(f"Redis at {self.url} failed while {what}: "
+                                                f"{type(err).__name__}: {err}") from err
                 raise
         except CacheError:
             raise

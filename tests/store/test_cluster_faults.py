@@ -152,3 +152,28 @@ def test_a_master_killed_while_eight_workers_load(cluster, seeded, tmp_path):
     assert intact(url)
     # a cache opened later with the dead node's URL finds the cluster through the nodes this process saw before
     assert load_from_cache(seeded.art.key, via_victim) is not None
+
+
+def test_a_failover_that_never_ends_costs_retry_s_once_then_fails_fast(tmp_path):
+    """A master lost with no replica to promote: the first call rides it out for ``retry_s``, then the cache counts
+    Redis as down, so the calls after it fail at once instead of each spending ``retry_s`` again."""
+    from _redis import RedisCluster
+
+    from precompile.errors import CacheUnavailableError
+
+    lone = RedisCluster(tmp_path / "lone", replicas=0, node_timeout_ms=1000).start()
+    try:
+        cache = open_cache(lone.url(retry_s=1.5, down_s=30, timeout=1))
+        key = "7a" * 32
+        cache.set_ref(key, "0b" * 32)
+        lone.node_of(f"precompile:ref:{key}").stop()
+        start = time.monotonic()
+        with pytest.raises(CacheUnavailableError):
+            cache.get_ref(key)
+        first = time.monotonic() - start
+        start = time.monotonic()
+        with pytest.raises(CacheUnavailableError, match="unavailable"):
+            cache.get_ref(key)
+        assert 1.5 <= first < 8 and time.monotonic() - start < 0.5, first
+    finally:
+        lone.stop()
