@@ -43,7 +43,47 @@ log = logging.getLogger("precompile.function")
 def new_package(fn: Callable[..., Any]) -> Any:
     """An empty ``CompilePackage`` for ``fn`` (a function or bound method), to trace under."""
     patch_dynamo()
-    return package_class()(fn)
+    package = package_class()(fn)
+    _reinstall_others(package)  # torch's constructor reset the stored entries of fn's code: other functions' too
+    return package
+
+
+#: Installed packages per code object of their first frame, each with its compiled graphs: ``{code: [(weak ref
+#: to the package, backends), ...]}``.
+_INSTALLED: dict[Any, list[tuple[Any, dict[str, Any]]]] = {}
+_INSTALLED_LOCK = threading.Lock()
+
+
+def _reinstall_others(package: Any, backends: dict[str, Any] | None = None) -> None:
+    """Put back the stored entries of every other installed package on ``package``'s first code object.
+
+    torch keeps one list of stored (precompile) entries per code object, and a ``CompilePackage`` resets that
+    whole list when it is made or installed (``uninstall``: ``_reset_precompile_entries``).  Library models share
+    their first frame's code (transformers' output decorators wrap every model's forward; two instances of one
+    class share ``forward``), so a second compiled function would wipe the first's entries and the first would
+    trace again.  Each other package is installed again without its reset (an instance attribute shadowing
+    ``uninstall`` for the call), appending its entries beside this one's.  With ``backends``, ``package`` itself
+    (just installed) is registered for the next.
+    """
+    import weakref
+
+    code = getattr(getattr(package, "_innermost_fn", None), "__code__", None)
+    if code is None:  # not a torch whose packages this module knows
+        return
+    with _INSTALLED_LOCK:
+        live = [(ref, b) for ref, b in _INSTALLED.get(code, []) if ref() is not None and ref() is not package]
+        _INSTALLED[code] = live + ([(weakref.ref(package), backends)] if backends is not None else [])
+    for ref, other_backends in live:
+        other = ref()
+        if other is None:
+            continue
+        other.uninstall = lambda: None
+        try:
+            other.install(other_backends)
+        except Exception as err:  # noqa: BLE001 - it then traces, as any function whose entries are gone
+            log.info("the stored entries of another function on %s could not be put back: %s", code.co_name, err)
+        finally:
+            del other.uninstall
 
 
 def optimize(fn: Callable[..., Any], backend: Callable[..., Any], package: Any, *, dynamic: bool | None,
@@ -209,11 +249,14 @@ def install(fn: Callable[..., Any], record: Any, graphs: Mapping[str, Callable[.
     """
     patch_dynamo()  # a guard failure here is traced into the package
     package = package_class()(fn, record, ignore_inlined_sources=True)  # precompile checks the sources itself
+    backends = {name: _Loaded(g) for name, g in graphs.items()}
     try:
-        package.install({name: _Loaded(g) for name, g in graphs.items()})
+        package.install(backends)
     except Exception as err:
         package.uninstall()
+        _reinstall_others(package)
         raise RuntimeError(f"Dynamo's record does not install here: {type(err).__name__}: {err}") from err
+    _reinstall_others(package, backends)
     _advance_unique_ids(sys.modules[c.python_module].__dict__ for c in record.codes if c.python_module in sys.modules)
     return package
 

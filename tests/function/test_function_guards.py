@@ -50,6 +50,16 @@ class Net(torch.nn.Module):
     def forward(self, x):
         return rotate(ACTIVATIONS["act"](self.proj(x))) * self.settings.scale
 
+class Narrow(torch.nn.Module):             # another model whose forward the same decorator wraps
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.proj = torch.nn.Linear(16, 8)
+
+    @returns_twice
+    def forward(self, x):
+        return torch.tanh(self.proj(x))
+
 class Hooked(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -170,6 +180,35 @@ def test_a_function_monkeypatched_at_its_import_path_is_traced_not_served_the_st
     assert again["outcome"] == "hit" and again["frames"] == 0 and again["equal"], again
 
 
+TWO = '''
+import json, sys, torch
+sys.path.insert(0, sys.argv[1])
+import library, precompile
+from precompile.inductor.dynamo_pkg import frames_traced
+x = torch.randn(4, 16, generator=torch.Generator().manual_seed(1))
+net, narrow = library.Net().eval(), library.Narrow().eval()
+with torch.no_grad():
+    f, g = precompile.compile(net, cache=sys.argv[2]), precompile.compile(narrow, cache=sys.argv[2])
+    before = frames_traced()
+    outs = [f(x), g(x), f(x), g(x)]
+    print(json.dumps({"outcomes": [f.outcome, g.outcome], "frames": frames_traced() - before,
+                      "equal": all(torch.equal(o, m(x)) for o, m in zip(outs, [net, narrow] * 2))}))
+'''
+
+
+def test_two_functions_whose_first_frames_share_code_both_stay_installed(tmp_path):
+    """Both forwards run the decorator's wrapper first, so their stored entries sit on one code object, and torch
+    resets that object's whole list when a package is installed: the second load must not wipe the first's."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "library.py").write_text(LIBRARY)
+    cache = f"file://{tmp_path / 'cache'}"
+    built = json.loads(run_python(TWO, str(src), cache).strip().splitlines()[-1])
+    assert built["outcomes"] == ["built", "built"] and built["equal"], built
+    warm = json.loads(run_python(TWO, str(src), cache).strip().splitlines()[-1])
+    assert warm == {"outcomes": ["hit", "hit"], "frames": 0, "equal": True}, warm
+
+
 def test_module_hooks_run_as_under_torch_compile(tmp_path):
     built = _run(tmp_path, "hooked")
     assert built["outcome"] == "built" and built["equal"], built  # equal to eager, hooks included
@@ -228,10 +267,14 @@ def test_modes_are_torch_compiles_and_an_unknown_mode_is_refused():
 
     for mode, options in MODES.items():
         assert options == torch._inductor.list_mode_options(mode), mode
-    assert resolve("max-autotune", {"max_autotune": False}) == ({"max_autotune": False,
-                                                                  "coordinate_descent_tuning": True}, True)
+    assert resolve(None, {"max_autotune": True}) == ({"max_autotune": True}, False)
+    assert resolve("reduce-overhead", None) == ({}, True)
     with pytest.raises(ValueError, match="not a torch.compile mode"):
         precompile.compile(torch.nn.Linear(2, 2), mode="fast")
+    with pytest.raises(ValueError, match="not both"):  # torch.compile refuses both too (a RuntimeError there)
+        precompile.compile(torch.nn.Linear(2, 2), mode="max-autotune", options={"max_autotune": False})
+    with pytest.raises(RuntimeError, match="both can't be specified"):
+        torch.compile(torch.nn.Linear(2, 2), mode="max-autotune", options={"max_autotune": False})
 
 
 # A worker that hit, then meets a size its stored guards refuse: it stores the function again only over the entry it
