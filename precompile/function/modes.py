@@ -11,7 +11,8 @@ The table is torch's (``torch._inductor.list_mode_options``, 2.11-2.13; a test h
 a warm start computes its key without importing Inductor.  ``triton.cudagraphs`` is not handed to Inductor: the
 graphs precompile loads run from its own engine, so precompile records and replays the CUDA graphs itself
 (:class:`precompile.loader.cudagraphs.CudaGraphRunner`), on GPU inputs only (on a CPU, as under ``torch.compile``,
-the mode changes nothing).  User ``options`` win over the mode's, as in ``torch.compile``.
+the mode changes nothing).  As in ``torch.compile``, ``mode`` and ``options`` cannot both be given.  torch 2.13's
+``"lite"`` mode (Inductor falling back to ATen by default) is not offered: its options do not exist in 2.11.
 """
 
 from __future__ import annotations
@@ -32,10 +33,14 @@ def resolve(mode: str | None, options: dict[str, Any] | None) -> tuple[dict[str,
     """``(Inductor options, whether to replay CUDA graphs)`` for ``mode`` and the user's ``options``.
 
     Raises:
-        ValueError: ``mode`` is not one of :data:`MODES` (or None).
+        ValueError: ``mode`` is not one of :data:`MODES` (or None), or ``mode`` and ``options`` are both given
+            (torch.compile refuses that too).
     """
     if mode is not None and mode not in MODES:
-        raise ValueError(f"mode={mode!r} is not a torch.compile mode; use one of {', '.join(MODES)}")
+        raise ValueError(f"mode={mode!r} is not a torch.compile mode precompile offers; use one of {', '.join(MODES)}")
+    if mode is not None and options is not None:
+        raise ValueError("give mode= or options=, not both (as torch.compile): a mode is a set of Inductor options, "
+                         f"listed in precompile.function.modes.MODES; for {mode!r} pass them in options instead")
     merged = {**MODES[mode or "default"], **(options or {})}
     cudagraphs = bool(merged.pop("triton.cudagraphs", False))
     return merged, cudagraphs
@@ -48,5 +53,6 @@ def wrap(graph: Callable[..., Any], cudagraphs: bool, name: str) -> Callable[...
     from precompile.loader.cudagraphs import CudaGraphRunner
 
     manifest = getattr(graph, "manifest", None)
-    mutated = (manifest.build.get("mutated_inputs") or []) if manifest is not None else []
-    return CudaGraphRunner(graph, mutated, name)
+    if manifest is None:  # compiled uncached: which inputs it writes is not known, and a replay would lose them
+        return graph
+    return CudaGraphRunner(graph, manifest.build.get("mutated_inputs") or [], name)

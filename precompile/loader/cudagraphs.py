@@ -81,7 +81,8 @@ class CudaGraphRunner:
             recorded = self._graphs.get(key)
             if recorded is None:
                 if key in self._failed or key not in self._warmed or len(self._graphs) >= MAX_GRAPHS:
-                    self._warmed.add(key)
+                    if len(self._warmed) < 4 * MAX_GRAPHS:  # a bounded memory of signatures seen once
+                        self._warmed.add(key)
                     return self.fn(*args)
                 recorded = self._record(key, args)
                 if recorded is None:
@@ -103,9 +104,10 @@ class CudaGraphRunner:
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
-        torch.cuda.synchronize()
         try:
-            with torch.cuda.graph(graph, pool=self._pool):
+            torch.cuda.synchronize()
+            # thread_local: another thread's CUDA work during the capture is not an error of this capture
+            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
                 outputs = self.fn(*inputs)
         except Exception as err:  # noqa: BLE001 - a graph that cannot be captured still runs, uncaptured
             self._failed.add(key)
