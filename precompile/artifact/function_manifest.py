@@ -25,7 +25,9 @@ MAX_SOURCES = 65536
 MAX_GUARDS = 65536
 MAX_TEXT = 4096
 _BACKEND = re.compile(r"^__compiled_fn_[A-Za-z0-9_]{1,200}$")
-_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*){0,31}$")
+#: A module name in ``sources``: dotted names of letters, digits and underscores, the first starting with no digit
+#: (transformers' remote-code modules are ``transformers_modules.<repo>.<commit sha>``: a sha may start with one).
+_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+){0,31}$")
 
 
 def is_function_doc(doc: object) -> bool:
@@ -47,7 +49,7 @@ class FunctionManifest(ManifestJSON):
             and the precompile artifact that graph loads from.
         sources: the functions Dynamo traced through: ``[{"module", "first", "last", "sha256"}]``
             (:mod:`precompile.function.sources`).
-        frames: per compiled frame, in trace order: ``{"code": name, "graphs": count, "guards": [text, ...]}``.
+        frames: per compiled frame, in trace order: ``{"code": name, "guards": [text, ...]}``.
         env: the environment fingerprint.
         blobs: ``{digest: {"size": bytes, "role": str}}``.
         build: facts about the build (seconds, created, precompile version, frames traced, ``left_out``: frames

@@ -251,11 +251,14 @@ class CompiledFunction:
             log.warning("function %s %s: %s", _name(self._target), (self.key or "")[:12],
                         self.miss_reason or self._nearest())
         self._package = dynamo_pkg.new_package(_first_frame(self._target))
-        self._run = dynamo_pkg.optimize(self._called(), self._on_graph, self._package, dynamic=self._dynamic,
-                                        fullgraph=self._fullgraph, guard_export=self._on_guards)
+        run = dynamo_pkg.optimize(self._called(), self._on_graph, self._package, dynamic=self._dynamic,
+                                  fullgraph=self._fullgraph, guard_export=self._on_guards)
         start = time.perf_counter()
         traced = dynamo_pkg.frames_traced()
-        self._first = (self._run(*args, **kwargs),)
+        # self._run is set once the build's call has returned: another thread's call must not skip the start lock
+        # and trace into the package while this one traces (and is stored)
+        self._first = (run(*args, **kwargs),)
+        self._run = run
         self._build_seconds = time.perf_counter() - start
         self._build_frames = dynamo_pkg.frames_traced() - traced
         if self._cache is not None and store:
@@ -307,6 +310,15 @@ class CompiledFunction:
         try:
             dumped = dynamo_pkg.dump(self._package)
             dynamo_check.check_installable(dumped.data)
+            part = digest_bytes(dumped.data)
+            manifest = FunctionManifest(
+                key=self.key, factors=self._factors, parts={"dynamo": part}, graphs=dict(sorted(self.graphs.items())),
+                sources=dumped.sources, frames=self._frames, env=fingerprint.environment(devices, full=True),
+                blobs={part: {"size": len(dumped.data), "role": "dynamo"}},
+                build={**build, "codes": dumped.codes, "left_out": dumped.left_out})
+            # a reader checks every bound of a manifest (names, lengths): one it would refuse is never stored, or
+            # every worker would find it untrusted and build and rewrite the key again
+            FunctionManifest.from_dict(manifest.to_dict())
         except Exception as err:  # noqa: BLE001 - a function that cannot be stored still runs, traced
             self.not_stored = str(err)[:MAX_TEXT]
             log.warning("function %s is not stored: %s", _name(self._target), self.not_stored)
@@ -317,12 +329,6 @@ class CompiledFunction:
         if dumped.left_out:
             log.info("function %s: frames %s are left out of the stored function and traced at run time: %s",
                      _name(self._target), sorted(dumped.left_out), dumped.left_out)
-        part = digest_bytes(dumped.data)
-        manifest = FunctionManifest(
-            key=self.key, factors=self._factors, parts={"dynamo": part}, graphs=dict(sorted(self.graphs.items())),
-            sources=dumped.sources, frames=self._frames, env=fingerprint.environment(devices, full=True),
-            blobs={part: {"size": len(dumped.data), "role": "dynamo"}},
-            build={**build, "codes": dumped.codes, "left_out": dumped.left_out})
         written = store.write(self._cache, manifest, dumped.data, over=None if first else self._seen_ref)
         if written is not None:
             self._seen_ref = written
@@ -364,8 +370,8 @@ def compile(model_or_fn: Callable[..., Any] | torch.nn.Module | None = None, *, 
         options: Inductor config patches (JSON values), e.g. ``{"max_autotune": True}``.
         cache: a cache URL or open cache (None: ``$PRECOMPILE_CACHE`` or the local default).
         mode: as ``torch.compile``'s: None or ``"default"``, ``"reduce-overhead"`` (CUDA graphs replayed on a GPU),
-            ``"max-autotune"`` or ``"max-autotune-no-cudagraphs"`` (:mod:`precompile.function.modes`); ``options``
-            override what the mode sets.
+            ``"max-autotune"`` or ``"max-autotune-no-cudagraphs"`` (:mod:`precompile.function.modes`); not with
+            ``options`` (as torch.compile).
 
     Returns:
         a :class:`CompiledFunction` (or a decorator making one).  Its first call looks the function up, then
@@ -375,7 +381,7 @@ def compile(model_or_fn: Callable[..., Any] | torch.nn.Module | None = None, *, 
         CacheURLError: (on the first call) ``cache`` is not a valid cache URL.
         ConfigError: (on the first call) a ``PRECOMPILE_*`` variable holds a bad value.
         TypeError: (on the first call) ``options`` holds a value JSON cannot carry.
-        ValueError: ``mode`` is not one of torch.compile's modes.
+        ValueError: ``mode`` is not one of torch.compile's modes, or ``mode`` and ``options`` are both given.
         Whatever ``torch.compile`` raises for the function (a graph break under ``fullgraph=True``, say).
     """
     def make(fn: Callable[..., Any] | torch.nn.Module) -> CompiledFunction:

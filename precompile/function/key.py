@@ -20,6 +20,7 @@ are known only after tracing: the artifact records each one's source hash, and a
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import json
@@ -121,11 +122,16 @@ def function_factors(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapp
                      dynamic: bool | None, fullgraph: bool, options: Mapping[str, Any] | None) -> dict[str, Any]:
     """The key factors of calling ``fn(*args, **kwargs)`` as a compiled function (module docstring).
 
-    ``fn`` may be a bound method (``module.forward``): its ``self`` counts as the first argument.
+    ``fn`` may be a bound method (``module.forward``): its ``self`` counts as the first argument; or a
+    ``functools.partial`` (accelerate's hooks set ``module.forward`` to a partial of their wrapper and the module):
+    its function is the function, and its arguments count as arguments.
 
     Raises:
         TypeError: ``options`` holds a value JSON cannot carry.
     """
+    while isinstance(fn, functools.partial):
+        args, kwargs = (*fn.args, *args), {**fn.keywords, **kwargs}
+        fn = fn.func
     owner = getattr(fn, "__self__", None)
     values = ([owner] if owner is not None else []) + list(args) + [kwargs[k] for k in sorted(kwargs)]
     shapes = dynamic is False
