@@ -25,10 +25,17 @@ log = logging.getLogger("precompile.function")
 UNPICKLABLE_GUARDS = b""
 
 _recording = threading.local()  # .active: a precompile package is recording the frame being traced
+_ONCE = threading.RLock()  # functools.cache alone lets two threads' first calls both run the body
+
+
+def package_class() -> type:
+    """The :class:`CompilePackage` subclass precompile records with (made once per process)."""
+    with _ONCE:
+        return _package_class()
 
 
 @functools.cache
-def package_class() -> type:
+def _package_class() -> type:
     from torch._dynamo.package import CompilePackage, PackageError
 
     class Package(CompilePackage):  # type: ignore[misc, valid-type]
@@ -102,7 +109,6 @@ def _globals_module(fn: Any) -> str | None:
     return name if module is not None and module.__dict__ is scope else None
 
 
-@functools.cache
 def patch_dynamo() -> None:
     """Dynamo's recording of a frame into a precompile package, made to store what library code makes.
 
@@ -119,6 +125,12 @@ def patch_dynamo() -> None:
       an ``AttributeError`` leads to its own "guards_state must not be None" assertion; here such a failure hands
       Dynamo :data:`UNPICKLABLE_GUARDS`, which the package takes as a bypass of the frame.
     """
+    with _ONCE:
+        _patch_dynamo()
+
+
+@functools.cache
+def _patch_dynamo() -> None:
     from torch._dynamo import guards
     from torch._dynamo.exc import PackageError
 

@@ -19,7 +19,7 @@ torch 2.11-2.13 store two things of library code in a form that cannot be rebuil
 defaults, keyword defaults and closure — and the second with only the attributes the guard tree reads (the others
 become torch's own ``_Missing`` placeholder, as torch does for an ``nn.Module``'s attributes).  Neither loosens a
 guard: guards are rebuilt from the stored guard list only, and a value stored by value compares as strictly as the
-original (a code object compares by its bytecode and constants).  Everything else goes to torch's pickler.
+original (a guard on a code object compares it by identity with the code found at the same path).  Everything else goes to torch's pickler.
 
 A frame also names globals that Dynamo installs in the function's module.  For a module object (``type(x)`` of a
 tensor guards on ``torch.Tensor``; bytecode that loads a module) it installs one named by the module's ``id()`` in

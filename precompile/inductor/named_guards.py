@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import enum
 import importlib
-import inspect
 import logging
 import sys
 import threading
@@ -57,7 +56,9 @@ PROCESS_ONLY = frozenset({"WEAKREF_ALIVE", "DICT_VERSION", "NN_MODULE"})
 MAX_WALK = 4
 
 Path = tuple[Any, ...]
-_frame = threading.local()  # .paths: {id(value): (value, path)}; .refused: [reason]
+_frame = threading.local()  # .paths: {id(value): (value, path, digest)}; .refused: [reason]
+#: Every object :func:`resolve` returned in this process (see there).
+_KEPT: list[Any] = []
 
 
 def portable_guards(entries: Sequence[Any]) -> list[bool]:
@@ -69,7 +70,7 @@ def portable_guards(entries: Sequence[Any]) -> list[bool]:
     Returns:
         ``[True] * len(entries)``: no guard is dropped.
     """
-    paths: dict[int, tuple[Any, Path]] = {}
+    paths: dict[int, tuple[Any, Path, str | None]] = {}
     refused: list[str] = []
     _frame.paths, _frame.refused = paths, refused
     by_name = {e.name: e.value for e in entries if e.has_value}
@@ -157,7 +158,10 @@ def resolve(path: Path, expected: str | None = None) -> Any:
     obj = _walk_path(path)
     if expected is not None and object_digest.digest(obj) != expected:
         log.info("%s is not the object stored under that name (changed at run time); its guard will fail", path)
-        return Mismatch(path)
+        obj = Mismatch(path)
+    # An installed identity guard compares ids, and torch does not invalidate an installed entry when its object
+    # dies: kept alive here, no later object (a rebinding's new function) can take its address and pass the guard.
+    _KEPT.append(obj)
     return obj
 
 
