@@ -79,3 +79,17 @@ def parse_prefix(name: str, raw: str) -> str:
         raise CacheURLError(f"cache URL option {name}= must be 1-64 printable characters without braces or "
                             f"spaces, got {raw!r}")
     return raw
+
+
+def parse_nodes(name: str, raw: str) -> tuple[tuple[str, int], ...]:
+    """Comma-separated ``host:port`` pairs (at most 64; a port in 1-65535), e.g. ``cache-1:6379,cache-2:6379``."""
+    nodes = []
+    for item in (p.strip() for p in raw.split(",")):
+        host, sep, port = item.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536 or any(c in host for c in "/?#@ "):
+            raise CacheURLError(f"cache URL option {name}= must list host:port pairs separated by commas, got "
+                                f"{item!r} in {raw!r}")
+        nodes.append((host.strip("[]"), int(port)))
+    if len(nodes) > 64:
+        raise CacheURLError(f"cache URL option {name}= lists {len(nodes)} nodes; at most 64")
+    return tuple(nodes)

@@ -95,7 +95,9 @@ class RedisCache(ReplicasMixin, BlobsMixin, CountersMixin, LeasesMixin, UpkeepMi
     ``replica_reads`` (1/0, cluster only, default 1: blob heads and chunks are read from a random node of their
     slot, master or replica, and from the master where a replica lacks them; :mod:`cache_backends.redis_replicas`),
     ``retry_s`` (seconds an operation keeps retrying through a cluster failover, with backoff; default 10 for a
-    cluster, 0 for one server; :mod:`cache_backends.redis_failover`),
+    cluster, 0 for one server; :mod:`cache_backends.redis_failover`), ``nodes`` (cluster only: more nodes to ask
+    for the slot map, ``host:port`` separated by commas, so that a worker starting while the URL's node is down
+    still opens the cache),
     ``lease_ttl`` (seconds a build lease lives unless renewed; default 30), ``wait`` (seconds a worker waits for
     another's build before building itself; default 600), ``timeout`` (socket timeout, seconds; default 5),
     ``down_s`` (seconds to fail fast after the server was unreachable; default 10), ``level`` (zstd level),

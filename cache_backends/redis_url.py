@@ -21,6 +21,7 @@ import redis.exceptions as rex
 from cache_backends.options import (
     parse_bool,
     parse_level,
+    parse_nodes,
     parse_positive_seconds,
     parse_prefix,
     parse_seconds,
@@ -55,6 +56,7 @@ URL_OPTIONS: dict[str, Callable[[str, str], object]] = {
     "counters": parse_bool,
     "replica_reads": parse_bool,
     "retry_s": parse_seconds,
+    "nodes": parse_nodes,
 }
 
 #: URL option -> keyword argument of ``RedisCache.__init__``.
@@ -118,6 +120,9 @@ def open_client(url: str) -> tuple[Any, str, dict[str, Any]]:
     replica_reads = ours.pop("replica_reads", None)
     if replica_reads and not cluster:
         raise CacheURLError(f"replica_reads=1 needs a Redis Cluster (cluster=1), got {redact(url)!r}")
+    seeds = ours.pop("nodes", ())
+    if seeds and not cluster:
+        raise CacheURLError(f"nodes= (more nodes to start from) needs a Redis Cluster (cluster=1), got {redact(url)!r}")
     ours.setdefault("retry_s", DEFAULT_CLUSTER_RETRY_S if cluster else 0.0)
     try:
         from redis.backoff import ExponentialBackoff
@@ -132,9 +137,9 @@ def open_client(url: str) -> tuple[Any, str, dict[str, Any]]:
                 raise CacheURLError(f"cluster=1 needs a redis:// or rediss:// URL, got {redact(url)!r}")
             if parts.path.strip("/") not in ("", "0"):
                 raise CacheURLError(f"a Redis Cluster has only database 0, got {redact(url)!r}")
-            client = _cluster_client(redis_url, kwargs)
+            client = _cluster_client(redis_url, kwargs, seeds=seeds)
             if replica_reads is not False:
-                ours["replica_client"] = lambda: _cluster_client(redis_url, kwargs, replicas=True)
+                ours["replica_client"] = lambda: _cluster_client(redis_url, kwargs, replicas=True, seeds=seeds)
         else:
             client = redis.Redis.from_url(redis_url, **kwargs)
     except CacheURLError:
@@ -146,11 +151,13 @@ def open_client(url: str) -> tuple[Any, str, dict[str, Any]]:
     return client, redact(url), {_KWARGS.get(k, k): v for k, v in ours.items()}
 
 
-def _cluster_client(redis_url: str, kwargs: dict[str, Any], replicas: bool = False) -> Any:
+def _cluster_client(redis_url: str, kwargs: dict[str, Any], replicas: bool = False,
+                    seeds: tuple[tuple[str, int], ...] = ()) -> Any:
     """A ``RedisCluster`` for ``redis_url``; with ``replicas``, reads (GET, GETRANGE...) go to a random node of the
-    key's slot, its master or a replica, over READONLY connections, and writes to its master.  When the URL's node
-    cannot be reached (a master killed, its replica promoted), the other nodes of that cluster this process has
-    seen are tried.
+    key's slot, its master or a replica, over READONLY connections, and writes to its master.  The slot map is
+    asked of the URL's node or any of ``seeds`` (the URL's ``nodes=``), whichever answers; when none can be
+    reached (a master killed, its replica promoted), the other nodes of that cluster this process has seen are
+    tried.
 
     Raises:
         redis.exceptions.RedisClusterException, ConnectionError...: no node answers.
@@ -169,6 +176,8 @@ def _cluster_client(redis_url: str, kwargs: dict[str, Any], replicas: bool = Fal
     # the slot map between tries, so one stalled node cost several timeouts a call; failovers are ridden out by
     # redis_failover.retrying instead, with backoff and a deadline.
     extra["retry"] = Retry(NoBackoff(), 10)
+    if seeds:
+        extra["startup_nodes"] = [ClusterNode(h, p) for h, p in seeds]
     try:
         client = RedisCluster.from_url(redis_url, **extra, **kwargs)
     except DOWN_ERRORS:
@@ -176,7 +185,7 @@ def _cluster_client(redis_url: str, kwargs: dict[str, Any], replicas: bool = Fal
             known = [ClusterNode(h, p) for h, p in _KNOWN_NODES.get(where, []) if f"{h}:{p}" != where]
         if not known:
             raise
-        client = RedisCluster.from_url(redis_url, startup_nodes=known, **extra, **kwargs)
+        client = RedisCluster.from_url(redis_url, **{**extra, "startup_nodes": known}, **kwargs)
     client.set_retry(Retry(NoBackoff(), 0))
     nodes = [(n.host, int(n.port)) for n in client.get_nodes()]
     with _KNOWN_LOCK:

@@ -97,6 +97,11 @@ def test_replica_reads_off_reads_masters_only(redis_cluster):
 def test_replica_reads_need_a_cluster(redis_server):
     with pytest.raises(CacheURLError, match="replica_reads=1 needs a Redis Cluster"):
         open_cache(redis_server.url(replica_reads=1))
+    with pytest.raises(CacheURLError, match="nodes= .* needs a Redis Cluster"):
+        open_cache(redis_server.url(nodes="127.0.0.1:7000"))
+    for bad in ("127.0.0.1", "h:0", "h:70000", "h:x", ":6379", "a/b:1", "h:1,"):
+        with pytest.raises(CacheURLError, match="nodes= must list host:port pairs"):
+            open_cache(f"redis://127.0.0.1:1/?cluster=1&nodes={bad}")
     assert not open_cache(redis_server.url(replica_reads=0)).replica_reads
 
 

@@ -22,7 +22,7 @@ import time
 
 import pytest
 import torch
-from conftest import assert_same_output, python_env
+from conftest import assert_same_output, python_env, run_python
 from test_fleet import results, start_workers
 
 import _graphs
@@ -177,3 +177,35 @@ def test_a_failover_that_never_ends_costs_retry_s_once_then_fails_fast(tmp_path)
         assert 1.5 <= first < 8 and time.monotonic() - start < 0.5, first
     finally:
         lone.stop()
+
+
+def test_with_more_nodes_in_the_url_a_worker_opens_the_cache_while_the_urls_node_is_down(tmp_path):
+    """A fresh process asks the URL's node for the slot map; ``nodes=`` names others to ask when it is down (a
+    fleet restarting while that node is lost would otherwise compile everything uncached)."""
+    from _redis import RedisCluster
+
+    c = RedisCluster(tmp_path / "seeds", replicas=0, node_timeout_ms=1000).start()
+    try:
+        first, *others = c.nodes
+        # a ref whose master stays up
+        key = next(k for k in (f"{i:02x}" * 32 for i in range(256)) if c.node_of(f"precompile:ref:{k}") is not first)
+        cache = open_cache(c.url(via=first))
+        digest = cache.put_blob(b"stored")
+        cache.set_ref(key, digest)
+        first.stop()
+        seeds = ",".join(f"127.0.0.1:{n.port}" for n in others)
+        probe = f"""
+import sys
+from cache_backends import open_cache
+from precompile.errors import CacheUnavailableError
+try:
+    open_cache(sys.argv[1])
+    print("opened without nodes=")
+except CacheUnavailableError:
+    print("unavailable")
+print(open_cache(sys.argv[1] + "&nodes={seeds}").get_ref(sys.argv[2]))
+"""
+        out = run_python(probe, c.url(via=first), key).split()
+        assert out == ["unavailable", digest], out
+    finally:
+        c.stop()
