@@ -128,11 +128,7 @@ def open_client(url: str) -> tuple[Any, str, dict[str, Any]]:
         from redis.backoff import ExponentialBackoff
         from redis.retry import Retry
 
-        # one quick retry for a reset connection (a server restarted, an idle connection closed); never for a
-        # timeout: a stalled server must cost one timeout, not two (redis-py retries timeouts by default)
-        kwargs["retry"] = Retry(ExponentialBackoff(cap=0.2, base=0.02), 1, supported_errors=(rex.ConnectionError,))
-        if cluster:
-            del kwargs["retry"]  # _cluster_client sets its own (see there)
+        if cluster:  # _cluster_client sets its own retries (see there)
             if scheme == "unix":
                 raise CacheURLError(f"cluster=1 needs a redis:// or rediss:// URL, got {redact(url)!r}")
             if parts.path.strip("/") not in ("", "0"):
@@ -141,7 +137,10 @@ def open_client(url: str) -> tuple[Any, str, dict[str, Any]]:
             if replica_reads is not False:
                 ours["replica_client"] = lambda: _cluster_client(redis_url, kwargs, replicas=True, seeds=seeds)
         else:
-            client = redis.Redis.from_url(redis_url, **kwargs)
+            # one quick retry for a reset connection (a server restarted, an idle connection closed); never for a
+            # timeout: a stalled server must cost one timeout, not two (redis-py retries timeouts by default)
+            retry = Retry(ExponentialBackoff(cap=0.2, base=0.02), 1, supported_errors=(rex.ConnectionError,))
+            client = redis.Redis.from_url(redis_url, retry=retry, **kwargs)
     except CacheURLError:
         raise
     except (ValueError, TypeError) as err:

@@ -7,6 +7,7 @@ import os
 import time
 from pathlib import Path
 
+from cache_backends.base import Cache
 from cache_backends.local import LocalCache
 
 KEY = "1" * 64
@@ -17,7 +18,7 @@ def blob_file(cache: LocalCache, digest: str) -> Path:
     return cache.root / "blob" / digest[:2] / digest[2:]
 
 
-def store_artifact(cache: LocalCache, key: str, parts: list[bytes]) -> tuple[str, list[str]]:
+def store_artifact(cache: Cache, key: str, parts: list[bytes]) -> tuple[str, list[str]]:
     """Write ``parts`` and a manifest naming them, then the ref; returns (manifest digest, part digests)."""
     digests = [cache.put_blob(p) for p in parts]
     manifest = json.dumps({"schema": 1, "blobs": {d: {"size": len(p)} for d, p in zip(digests, parts)}}).encode()

@@ -25,6 +25,7 @@ import pickle
 import re
 import sys
 import threading
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -65,8 +66,6 @@ def _reinstall_others(package: Any, backends: dict[str, Any] | None = None) -> N
     ``uninstall`` for the call), appending its entries beside this one's.  With ``backends``, ``package`` itself
     (just installed) is registered for the next.
     """
-    import weakref
-
     code = getattr(getattr(package, "_innermost_fn", None), "__code__", None)
     if code is None:  # not a torch whose packages this module knows
         return
