@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from _redis import free_port
 from conftest import REPO, python_env
 
 #: The Kubernetes version the manifests are validated against: the oldest of the three minors the Kubernetes
@@ -107,30 +108,13 @@ def test_compose_describes_a_cluster_with_replicas_a_warmup_and_two_workers():
     assert entry == ['ENTRYPOINT ["precompile"]'], "the services' commands are arguments of the precompile CLI"
 
 
-def _free_port() -> int:
-    import socket
-
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port < 55000:
-            with socket.socket() as s:
-                try:
-                    s.bind(("127.0.0.1", port + 10000))  # the cluster bus port
-                except OSError:
-                    continue
-            return port
-    raise RuntimeError("no free port pair")
-
-
 @pytest.mark.slow  # the warmup compiles the llama recipe (about a minute on 2 cores)
 def test_compose_commands_build_once_and_both_workers_load_from_the_cluster(tmp_path):
     if shutil.which("redis-server") is None or shutil.which("redis-cli") is None:
         pytest.fail("redis-server/redis-cli not found: install Debian's redis-server (.ci/run does)")
     services = compose()["services"]
     nodes = sorted(s for s in services if s.startswith("redis-") and s != "redis-cluster")
-    address = {services[n]["networks"]["fleet"]["ipv4_address"] + ":6379": f"127.0.0.1:{_free_port()}" for n in nodes}
+    address = {services[n]["networks"]["fleet"]["ipv4_address"] + ":6379": f"127.0.0.1:{free_port()}" for n in nodes}
     procs = []
     try:
         for (_, local), name in zip(address.items(), nodes):
