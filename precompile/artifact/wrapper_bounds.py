@@ -107,12 +107,17 @@ def checked_view(base: Any, size: Any, stride: Any, offset: Any, need: int | Non
 
 def checked_empty(size: Any, stride: Any, **kwargs: Any) -> torch.Tensor:
     """``torch.empty_strided(size, stride, **kwargs)`` for sizes computed in the call, after :func:`extent`'s
-    checks (ATen computes the storage's size from them).
+    checks and a check that its bytes (elements x the dtype's size) stay within int64: ATen computes the
+    storage's size from them.
 
     Raises:
-        WrapperGraphError: as :func:`extent`.
+        WrapperGraphError: as :func:`extent`, or the allocation's bytes are 2**63 or more.
     """
-    extent(size, stride, 0)
+    dtype = kwargs.get("dtype")
+    itemsize = (dtype if isinstance(dtype, torch.dtype) else torch.get_default_dtype()).itemsize
+    nbytes = extent(size, stride, 0) * itemsize
+    if nbytes >= LIMIT:
+        raise WrapperGraphError(f"an allocation of {nbytes} bytes, past int64")
     return torch.empty_strided(size, stride, **kwargs)
 
 

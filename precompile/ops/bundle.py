@@ -42,8 +42,10 @@ MAX_HEADER = 64 << 20
 _BLOB_HEAD = struct.Struct("<32sQ")
 
 
-def closure(cache: Cache, key: str) -> tuple[str, list[str]]:
-    """``(digest the ref names, every digest reachable from it)`` for ``key`` (see module docstring).
+def closure(cache: Cache, key: str) -> tuple[str, dict[str, int | None]]:
+    """``(digest the ref names, {every digest reachable from it: its bound})`` for ``key`` (see module docstring),
+    in the order found.  A digest's bound is the size in bytes its manifest records for it, the manifest bound for
+    the manifest, ``None`` (the format's bound) for a part only another part names.
 
     Raises:
         ArtifactNotFoundError: no ref for ``key``, a blob the ref or its manifest names is missing or damaged, or
@@ -83,7 +85,7 @@ def closure(cache: Cache, key: str) -> tuple[str, list[str]]:
             todo.append(n)
             if n in required:
                 bounds[n] = required[n]
-    return digest, order
+    return digest, {d: bounds.get(d) for d in order}
 
 
 @dataclass
@@ -113,11 +115,14 @@ def export(cache: Cache, keys: list[str], path: str | os.PathLike[str]) -> Expor
     path = Path(path)
     if not path.parent.is_dir():
         raise FileNotFoundError(f"cannot write bundle {path}: directory {path.parent} does not exist")
-    refs, blob_order = [], []
+    refs: list[dict[str, str]] = []
+    blob_order: dict[str, int | None] = {}  # digest -> the bound it is read with again, below
     for key in dict.fromkeys(keys):
         digest, names = closure(cache, key)
         refs.append({"key": key, "digest": digest})
-        blob_order.extend(n for n in names if n not in blob_order)
+        for n, bound in names.items():
+            if n not in blob_order or blob_order[n] is None:
+                blob_order[n] = bound
     header = json.dumps({"bundle": VERSION, "precompile": _version(), "created": datetime.now(timezone.utc).isoformat(),
                          "refs": refs, "blobs": len(blob_order)}, sort_keys=True).encode()
     comp = zstandard.ZstdCompressor(level=3)
@@ -130,10 +135,11 @@ def export(cache: Cache, keys: list[str], path: str | os.PathLike[str]) -> Expor
                 f.write(b)
 
             put(MAGIC + struct.pack("<I", VERSION) + struct.pack("<Q", len(header)) + header)
-            for d in blob_order:
-                data = cache.get_blob(d)
+            for d, bound in blob_order.items():
+                data = cache.get_blob(d, bound)  # no larger than when the closure read it
                 if data is MISS:
-                    raise ArtifactNotFoundError(f"blob {d[:12]} vanished from {cache.url} during the export")
+                    raise ArtifactNotFoundError(f"blob {d[:12]} vanished from {cache.url} during the export (or "
+                                                "was replaced by one larger than its manifest records)")
                 frame = comp.compress(data)  # type: ignore[arg-type]
                 put(_BLOB_HEAD.pack(bytes.fromhex(d), len(frame)) + frame)
             f.write(END + hasher.digest())

@@ -65,3 +65,28 @@ def test_ls_and_verify_of_a_cache_with_fifo_entries_list_the_rest(artifacts, cac
     assert key in json.dumps(listed) and proc.returncode == 1, proc.stderr
     kinds = {(p["kind"], p["name"]) for p in json.loads(proc.stdout.splitlines()[-1])["tiers"][0]["problems"]}
     assert kinds == {("garbled ref", KEY), ("bad manifest", KEY2)}
+
+
+def test_export_reads_each_part_again_no_larger_than_its_manifest_records(artifacts, cache_copy, tmp_path):
+    """The bundle writer reads every part a second time (after the closure walk): with the same bound, so a part
+    swapped in between for a larger one is refused before it is allocated, not read up to the format's 2 GiB."""
+    from precompile.ops.bundle import export
+
+    class Recording(LocalCache):  # the real cache; it only notes each read's bound
+        reads: list[tuple[str, int | None, int]] = []
+
+        def get_blob(self, digest, max_bytes=None):
+            got = super().get_blob(digest, max_bytes)
+            self.reads.append((digest, max_bytes, len(got)))
+            return got
+
+    cache = Recording(cache_copy())
+    done = export(cache, [artifacts("dynamo").art.key], tmp_path / "one.pcb")
+    by_digest: dict[str, list[tuple[int | None, int]]] = {}
+    for digest, bound, size in cache.reads:
+        by_digest.setdefault(digest, []).append((bound, size))
+    assert len(by_digest) == done.blobs and all(len(r) == 2 for r in by_digest.values())
+    assert all(first == again for first, again in by_digest.values()), "a part was read again with another bound"
+    firsts = [first for first, _ in by_digest.values()]  # (bound, size) of the closure's read
+    assert all(bound is not None for bound, _ in firsts), "a part was read with only the format's bound"
+    assert sum(bound == size for bound, size in firsts) >= done.blobs - 1  # every part but the manifest, exactly
