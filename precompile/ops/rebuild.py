@@ -64,6 +64,31 @@ class Refused(PrecompileError):
     """An artifact precompile cannot rebuild from what it stores (the message says why)."""
 
 
+#: Python callables a stored graph may call in a rebuild under ``PRECOMPILE_REQUIRE_NO_HOST_CODE`` without verify
+#: keys (besides ATen operators and higher-order ops, which are not imported by name): size arithmetic.
+PLAIN_CALLABLES = tuple(f"_operator:{n}" for n in (
+    "add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "neg", "pos", "abs", "eq", "ne", "lt", "le", "gt", "ge",
+    "and_", "or_", "xor", "not_", "getitem")) + ("math:ceil", "math:floor", "math:sqrt")
+
+
+def stored_callables(graph_json: Any) -> set[str]:
+    """The ``module:qualname`` of every Python callable a stored FX graph (:mod:`precompile.artifact.graph_json`)
+    and its submodules call, read from the JSON without importing anything."""
+    out: set[str] = set()
+    todo = [graph_json]
+    while todo:
+        g = todo.pop()
+        if not isinstance(g, dict):
+            continue
+        for node in g.get("nodes") or []:
+            target = node.get("target") if isinstance(node, dict) else None
+            if isinstance(target, dict) and "fn" in target:
+                out.add(str(target["fn"]))
+        subs = g.get("submodules")
+        todo.extend(subs.values() if isinstance(subs, dict) else [])
+    return out
+
+
 def example_inputs(manifest: Manifest, seed: int = 0) -> list[Any]:
     """One input per placeholder, as its spec records it: tensors of the recorded shape, stride, dtype and device
     (floats seeded random, integers and bools zero), numbers their recorded value.
@@ -171,6 +196,9 @@ def rebuild_one(cache: Cache, key: str, *, force: bool = False) -> Outcome:
     def done(outcome: str, detail: str = "", new_key: str | None = None) -> Outcome:
         return Outcome(key, new_key, outcome, detail, time.perf_counter() - start)
 
+    from precompile.artifact import trust
+
+    policy = trust.policy(cache)  # before anything is read: a key setting that names no key is an error
     digest = cache.get_ref(key)
     raw = cache.get_blob(digest, MAX_MANIFEST_BYTES) if digest is not MISS else MISS
     if raw is MISS:
@@ -179,7 +207,12 @@ def rebuild_one(cache: Cache, key: str, *, force: bool = False) -> Outcome:
         from precompile.artifact.function_manifest import is_function_doc
         from precompile.artifact.manifest import load_json
 
-        if is_function_doc(load_json(raw)):  # type: ignore[arg-type]
+        doc = load_json(raw)  # type: ignore[arg-type]
+        verdict = policy.check(doc)
+        if not verdict.ok:  # a rebuild runs the stored graph's callables: only a trusted builder's
+            trust.note_refused(verdict, f"rebuild of {key[:12]} in {cache.url}")
+            raise Refused(f"it is not trusted here ({verdict.status}: {verdict.detail})")
+        if is_function_doc(doc):
             raise Refused("it is a whole-function artifact: it is rebuilt by calling the function "
                           "(precompile.compile), which retraces it here")
         manifest = Manifest.from_json(raw)  # type: ignore[arg-type]
@@ -200,6 +233,11 @@ def rebuild_one(cache: Cache, key: str, *, force: bool = False) -> Outcome:
         graph_json = loads_json(graph_blob, graph_size, "stored FX graph")  # type: ignore[arg-type]
         if digest_bytes(canonical_json(canonical_graph(graph_json))) != factors.get("graph"):
             raise Refused("its stored FX graph does not hash to its graph factor")
+        if config.require_no_host_code() and not policy.required:
+            if beyond := sorted(stored_callables(graph_json) - set(PLAIN_CALLABLES)):
+                raise Refused(f"its graph calls {', '.join(beyond[:3])}: a rebuild would import and run them, and "
+                              "PRECOMPILE_REQUIRE_NO_HOST_CODE is set without verify keys (configure the builders' "
+                              "verify keys to rebuild what they signed)")
         inputs = example_inputs(manifest)
     except Refused as err:
         return done("refused", str(err))
@@ -256,18 +294,24 @@ def rebuild_one(cache: Cache, key: str, *, force: bool = False) -> Outcome:
 
 
 def stale_keys(cache: Cache) -> list[str]:
-    """Keys of stored artifacts built for another environment than this one (every key field compared).
+    """Keys of stored artifacts built for another environment than this one (every key field compared), of those
+    whose signature the verify keys configured here accept (every one, with none configured).
 
     Raises:
         CacheUnavailableError: the cache cannot be read.
+        TrustConfigError: a configured key cannot be read, or a key setting names no key.
     """
+    from precompile.artifact import trust
     from precompile.store.lookup import stored_manifests
 
+    policy = trust.policy(cache)
     here: dict[frozenset[str], dict[str, Any]] = {}
     out = []
     for key, m in stored_manifests(cache):
         if m is None or not isinstance(m.get("factors"), dict) or m.get("kind") is not None:
             continue  # a whole-function artifact is rebuilt by calling the function
+        if not isinstance(m["factors"].get("env"), dict) or not policy.check(m).ok:
+            continue  # malformed (the ls/verify commands list it), or not trusted here
         devices = frozenset(p.get("device") for p in m.get("placeholders") or []
                             if isinstance(p, dict) and p.get("type") == "tensor") or frozenset({"cpu"})
         if devices not in here:

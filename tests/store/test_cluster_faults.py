@@ -1,7 +1,8 @@
 """Faults of a Redis Cluster while workers load and build (issue 29), on a real cluster of 3 masters with a replica
 each that this module starts (``cluster-node-timeout`` 1 s, so a failover takes about 2 s) and damages:
 
-- a master stopped (SIGSTOP) for longer than the socket timeout: one timeout, a miss, no crash; after SIGCONT
+- a master stopped (SIGSTOP) for longer than the socket timeout: one timeout, a miss (or a hit served by its
+  replica, if that was promoted before the load asked), no crash; after SIGCONT
   (by then its replica was promoted) the cache serves again;
 - Redis out of memory (``maxmemory``, ``noeviction``) during a store: the store fails cleanly and the worker serves
   its own build;
@@ -62,10 +63,13 @@ def test_a_master_stopped_past_the_socket_timeout_costs_a_miss_then_serves_again
     victim.pause()
     try:
         start = time.monotonic()
-        assert load_from_cache(seeded.art.key, url) is None  # the ref's master answers nothing: a miss
+        art = load_from_cache(seeded.art.key, url)  # the ref's master answers nothing: a miss, as a rule
         took = time.monotonic() - start
-        print(f"a load with the ref's master stopped: {took:.2f} s (timeout 1 s)")
+        print(f"a load with the ref's master stopped: {'a miss' if art is None else 'a hit'} in {took:.2f} s "
+              "(timeout 1 s)")
         assert took < 10, "a load hung on a stopped master"
+        if art is not None:  # on a loaded machine its replica can be promoted before the load asks: a true hit
+            assert_same_output(art(*seeded.inputs), seeded.expected)
         time.sleep(2.5)  # stopped past the node timeout: the cluster promotes its replica
     finally:
         victim.resume()
