@@ -24,8 +24,8 @@ from precompile.errors import CacheUnavailableError, InputLimitError, NotRegular
 
 log = logging.getLogger("precompile.cache")
 
-_HEX62 = re.compile(r"^[0-9a-f]{62}$")
-_HEX2 = re.compile(r"^[0-9a-f]{2}$")
+_HEX62 = re.compile(r"^[0-9a-f]{62}\Z")
+_HEX2 = re.compile(r"^[0-9a-f]{2}\Z")
 
 #: Eviction brings the blobs of live refs down to this fraction of ``max_bytes``.
 EVICT_TARGET_FRACTION = 0.9

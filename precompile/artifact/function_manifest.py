@@ -24,10 +24,10 @@ MAX_GRAPHS = 4096
 MAX_SOURCES = 65536
 MAX_GUARDS = 65536
 MAX_TEXT = 4096
-_BACKEND = re.compile(r"^__compiled_fn_[A-Za-z0-9_]{1,200}$")
+_BACKEND = re.compile(r"^__compiled_fn_[A-Za-z0-9_]{1,200}\Z")
 #: A module name in ``sources``: dotted names of letters, digits and underscores, the first starting with no digit
 #: (transformers' remote-code modules are ``transformers_modules.<repo>.<commit sha>``: a sha may start with one).
-_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+){0,31}$")
+_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+){0,31}\Z")
 
 
 def is_function_doc(doc: object) -> bool:

@@ -23,11 +23,11 @@ from typing import Any
 from cache_backends.base import HEX64
 from precompile.errors import ArtifactFormatError, UnsafePathError
 
-_PLAIN = re.compile(r"^[A-Za-z0-9_+\-][A-Za-z0-9_.+\-]{0,254}$")
+_PLAIN = re.compile(r"^[A-Za-z0-9_+\-][A-Za-z0-9_.+\-]{0,254}\Z")
 #: A name that becomes a file name only through :func:`file_name` (kernel and binary names: Inductor names a
 #: kernel after every op it fuses, which can pass 255 characters).
-_LONG = re.compile(r"^[A-Za-z0-9_+\-][A-Za-z0-9_.+\-]{0,1023}$")
-_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_LONG = re.compile(r"^[A-Za-z0-9_+\-][A-Za-z0-9_.+\-]{0,1023}\Z")
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 #: Most parts a relative path may have.
 MAX_PARTS = 8
 
@@ -46,14 +46,15 @@ def plain_name(value: object, field: str) -> str:
 
 
 def kernel_name(value: object, field: str) -> str:
-    """``value`` if it is a Python identifier of at most 1024 characters (what a wrapper binds a kernel to).
+    """``value`` if it is an ASCII Python identifier of at most 1024 characters (what a wrapper binds a kernel to;
+    ASCII, as Python folds other identifier characters to NFKC when it compiles).
 
     Raises:
         UnsafePathError: it is not.
     """
-    if not isinstance(value, str) or not value.isidentifier() or len(value) > 1024:
-        raise UnsafePathError(f"{field}: {value!r} is not a kernel name (a Python identifier of at most 1024 "
-                              "characters)", field, value)
+    if not isinstance(value, str) or not value.isascii() or not value.isidentifier() or len(value) > 1024:
+        raise UnsafePathError(f"{field}: {value!r} is not a kernel name (an ASCII Python identifier of at most "
+                              "1024 characters)", field, value)
     return value
 
 
@@ -136,7 +137,8 @@ def check_manifest(doc: dict[str, Any]) -> None:
     """Check a parsed manifest's structure and every name in it that becomes a path or an import.
 
     Checks: the type of every top-level field; every blob named by a digest, with an integer size >= 0; every
-    digest in ``parts`` and ``kernels`` listed in ``blobs``; wrapper names (plain names), kernel names (Python
+    digest in ``parts`` and ``kernels`` listed in ``blobs``; every placeholder spec's fields and the ``shapes``
+    (symbols, guards) a load reads; wrapper names (plain names), kernel names (Python
     identifiers), binary names, ``relpaths`` (relative paths), ``parts.fast.wrapper`` (a plain name naming a wrapper),
     and the modules of ``parts.fast.extern`` and ``parts.fast.ops`` (dotted names).
 
@@ -194,15 +196,50 @@ def check_manifest(doc: dict[str, Any]) -> None:
         kernel_name(k.get("name"), f"{where}.name")
         _typed(k.get("lang"), str, f"{where}.lang")
         named(k.get("source"), f"{where}.source")
-        for fname, d in _typed(k.get("binaries", {}), dict, f"{where}.binaries").items():
+        for fname, d in _typed(k.get("binaries"), dict, f"{where}.binaries").items():
             binary_name(fname, f"{where}.binaries")
             named(d, f"{where}.binaries[{fname}]")
         for fname, rel in _typed(k.get("relpaths", {}), dict, f"{where}.relpaths").items():
             binary_name(fname, f"{where}.relpaths")
             relative_path(rel, f"{where}.relpaths[{fname}]")
+    for i, spec in enumerate(doc["placeholders"]):
+        _check_placeholder(spec, f"placeholders[{i}]")
+    shapes = doc["shapes"]
+    for name, sym in _typed(shapes.get("symbols") or {}, dict, "shapes.symbols").items():
+        _typed(sym, dict, f"shapes.symbols[{str(name)[:20]}]")
+    _typed(shapes.get("guards") or "", str, "shapes.guards")
     sig = doc.get("signature")
     if sig is not None:
         _typed(sig, dict, "signature")
+
+
+#: Largest size, stride or specialized number a placeholder spec may record (int64's range).
+_INT64 = 1 << 63
+
+
+def _check_placeholder(spec: Any, where: str) -> None:
+    """A placeholder spec's fields (:class:`~precompile.artifact.manifest.Manifest`): every field a load reads,
+    of the type it reads, sizes and strides ints in int64's range or size expressions (strings)."""
+    _typed(spec, dict, where)
+    _typed(spec.get("name"), str, f"{where}.name")
+    _typed(spec.get("kind", ""), str, f"{where}.kind")
+    kind = _typed(spec.get("type"), str, f"{where}.type")
+    if kind == "tensor":
+        _typed(spec.get("dtype"), str, f"{where}.dtype")
+        _typed(spec.get("device"), str, f"{where}.device")
+        shape = _typed(spec.get("shape"), list, f"{where}.shape")
+        stride = _typed(spec.get("stride", shape), list, f"{where}.stride")
+        if len(stride) != len(shape):
+            raise ArtifactFormatError(f"manifest field {where} has {len(shape)} sizes and {len(stride)} strides")
+        for d in (*shape, *stride):
+            if not (isinstance(d, str) or type(d) is int and 0 <= d < _INT64):
+                raise ArtifactFormatError(f"manifest field {where} has a size or stride {str(d)[:40]!r}, not an "
+                                          "int64 >= 0 or a size expression")
+        return
+    value, size = spec.get("value"), spec.get("size")
+    if value is not None and not (type(value) in (int, bool) and -_INT64 <= value < _INT64 or type(value) is float):
+        raise ArtifactFormatError(f"manifest field {where}.value is {str(value)[:40]!r}, not a number")
+    _typed(size or "", str, f"{where}.size")
 
 
 def _check_fast(fast: dict[str, Any], wrappers: dict[str, Any], named: Any) -> None:

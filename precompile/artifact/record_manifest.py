@@ -26,7 +26,7 @@ KIND = "record"
 MAX_RECORD_BYTES = 64 << 10
 #: Largest record manifest stored or read, bytes (its data, factors, build and signature, as stored).
 MAX_MANIFEST_BYTES = 256 << 10
-_PURPOSE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+_PURPOSE = re.compile(r"^[a-z][a-z0-9_]{0,63}\Z")
 
 
 def is_record_doc(doc: object) -> bool:

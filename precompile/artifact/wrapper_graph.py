@@ -117,14 +117,16 @@ def check(data: Any) -> tuple[list[Value], dict[int, Any]]:
         for value in [*node["args"], *node["kwargs"].values()]:
             _value(value, i, where, 0)
         if any(not _identifier(k) for k in node["kwargs"]):
-            raise WrapperGraphError(f"{where}: keyword names must be identifiers")
+            raise WrapperGraphError(f"{where}: keyword names must be ASCII identifiers")
     if nodes[-1]["op"] != "output":
         raise WrapperGraphError("the last node must be the output")
     return analyze(nodes)
 
 
 def _identifier(value: Any) -> bool:
-    return (isinstance(value, str) and len(value) <= MAX_STRING and value.isidentifier()
+    # ASCII: Python folds other identifier characters to NFKC when it compiles, so two different stored names
+    # could become one keyword (a SyntaxError at build, not a WrapperGraphError)
+    return (isinstance(value, str) and len(value) <= MAX_STRING and value.isascii() and value.isidentifier()
             and not keyword.iskeyword(value))
 
 

@@ -38,8 +38,15 @@ LAUNCH = ".launch"
 _MAGIC = b"PCLAUNCH"
 _HEADER = struct.Struct("<8sII")
 
-_GRID_LINE = re.compile(r"^(?!.*__)[\w \t()+\-*/%<>=!,.\[\]]*$")
+#: A grid line: ASCII arithmetic over names, no dunder.  ASCII only: Python folds other identifier characters to
+#: NFKC when it compiles (a fullwidth low line becomes ``_``), which would let ``__`` through.
+_GRID_LINE = re.compile(r"^(?!.*__)[A-Za-z0-9_ \t()+\-*/%<>=!,.\[\]]*\Z")
 _RECORD_MAX_BYTES = 1 << 20
+
+
+def _ascii_identifier(value: object) -> bool:
+    """An ASCII Python identifier (others are folded to NFKC by the compiler: see _GRID_LINE)."""
+    return isinstance(value, str) and value.isascii() and value.isidentifier()
 
 
 def pack_launch(record: dict[str, Any], cubin: bytes) -> bytes:
@@ -83,9 +90,9 @@ def read_launch(blob: bytes, digest: str) -> tuple[dict[str, Any], bytes]:
     if not isinstance(record, dict) or record.get("format") != LAUNCH_FORMAT or \
             any(not isinstance(record.get(f), t) for f, t in fields.items()):
         raise ValueError(f"launch record of {digest[:12]} lacks a field or has one of the wrong type")
-    if not record["name"].isidentifier() or \
-            not all(isinstance(a, str) and a.isidentifier() for a in record["params"] + record["passed"]):
-        raise ValueError("launch record names parameters that are not identifiers")
+    if not _ascii_identifier(record["name"]) or \
+            not all(_ascii_identifier(a) for a in record["params"] + record["passed"]):
+        raise ValueError("launch record names parameters that are not ASCII identifiers")
     if not all(isinstance(line, str) and _GRID_LINE.match(line) for line in record["grid"]):
         raise ValueError("launch record has grid lines that are not plain arithmetic")
     tys = record["arg_tys"]

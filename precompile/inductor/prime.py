@@ -169,7 +169,8 @@ def check_calls(calls: Any, device_index: int | None = None) -> list[tuple[Any, 
     for call in calls[:MAX_CALLS]:
         try:
             op, overload = call["op"], call["overload"]
-            if op not in LIBRARY_OPS or not isinstance(overload, str) or not overload.isidentifier():
+            if op not in LIBRARY_OPS or not isinstance(overload, str) or not overload.isascii() \
+                    or not overload.isidentifier():
                 raise ValueError(f"op {str(op)[:40]}.{str(overload)[:40]}")
             if call["device"] == "cuda":
                 device = torch.device("cuda", torch.cuda.current_device() if device_index is None else device_index)

@@ -39,8 +39,8 @@ from precompile._version import __version__
 
 log = logging.getLogger("precompile")
 
-_HASH_DIR = re.compile(r"^[0-9a-f]{16,128}$")
-_RANK_DIR = re.compile(r"^rank_\d{1,6}_\d{1,6}$")
+_HASH_DIR = re.compile(r"^[0-9a-f]{16,128}\Z")
+_RANK_DIR = re.compile(r"^rank_\d{1,6}_\d{1,6}\Z")
 _installed = False
 
 

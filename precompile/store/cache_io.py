@@ -82,6 +82,9 @@ def load_from_cache(key: str, cache: str | Cache | None, *, bound: dict[int, tor
     except (CacheError, ArtifactFormatError) as err:
         read_failed(c, "artifact", key, err)
         return None
+    except (KeyError, TypeError, AttributeError, ValueError, IndexError) as err:  # a shape the checks let through
+        drop_ref(c, key, f"its manifest is malformed ({type(err).__name__}: {str(err)[:200]})")
+        return None
     from precompile.key.fingerprint import check_environment
     from precompile.loader.artifact import Artifact
 
@@ -102,6 +105,9 @@ def load_from_cache(key: str, cache: str | Cache | None, *, bound: dict[int, tor
         return art
     except ArtifactFormatError as err:  # a manifest whose digests check but whose specs or guards do not parse
         drop_ref(c, key, str(err))
+        return None
+    except (KeyError, TypeError, AttributeError, ValueError, IndexError) as err:
+        drop_ref(c, key, f"its manifest is malformed ({type(err).__name__}: {str(err)[:200]})")
         return None
 
 

@@ -105,3 +105,6 @@ def _load_path(p: Path) -> Artifact:
         return Artifact(manifest, blobs, source=str(p))
     except ArtifactFormatError as err:
         raise ArtifactFormatError(f"artifact {p} has a manifest that does not load: {err}") from err
+    except (KeyError, TypeError, AttributeError, ValueError, IndexError) as err:  # a shape the checks let through
+        raise ArtifactFormatError(f"artifact {p} has a malformed manifest ({type(err).__name__}: "
+                                  f"{str(err)[:200]})") from err

@@ -29,7 +29,7 @@ MIN_PREFIX = 6
 #: Matches listed in the message of an ambiguous prefix.
 SHOW_MATCHES = 10
 
-_HEX = re.compile(r"^[0-9a-f]+$")
+_HEX = re.compile(r"^[0-9a-f]+\Z")
 
 
 def is_key_prefix(text: str) -> bool:

@@ -192,3 +192,9 @@ def test_torch_checks_as_strided_bounds_itself_here_too():
     with pytest.raises(WrapperGraphError, match="reaches 4000 bytes"):  # the storage; precompile does not
         checked_view(base, [0], [1], 1000)
     assert extent([0], [1], 1000) == 1000
+
+
+def test_a_keyword_name_outside_ascii_is_refused():
+    # "\uff44evice" is an identifier that Python's compiler reads as "device": two stored names could become one
+    with pytest.raises(WrapperGraphError, match="keyword names must be ASCII identifiers"):
+        check(_graph((EMPTY, [[2], [1]], {"dtype": {"$dtype": "float32"}, "\uff44evice": "cpu"})))

@@ -186,9 +186,13 @@ def test_a_damaged_launch_blob_is_refused_with_its_reason(damage, why):
     ("grid", ["grid_0 = __import__('os').system('x')"], "not plain arithmetic"),
     ("grid", ["grid_0 = 1\nimport os"], "not plain arithmetic"),
     ("grid", ["grid_0 = x.__class__"], "not plain arithmetic"),
+    # fullwidth low lines: Python's compiler folds them (NFKC) to "__class__"
+    ("grid", ["grid_0 = x.\uff3f\uff3fclass\uff3f\uff3f"], "not plain arithmetic"),
+    ("grid", ["grid_0 = 1\n"], "not plain arithmetic"),
     ("arg_tys", "OO", "type codes"),
-    ("params", ["x; import os"], "not identifiers"),
-    ("name", "k(", "not identifiers"),
+    ("params", ["x; import os"], "not ASCII identifiers"),
+    ("params", ["\uff58"], "not ASCII identifiers"),  # a fullwidth x: the compiler reads it as x
+    ("name", "k(", "not ASCII identifiers"),
     ("num_warps", "4", "wrong type"),
 ])
 def test_a_launch_record_that_could_run_code_is_refused(field, value, why):
