@@ -28,6 +28,15 @@ _MATH = {"floor": math.floor, "ceil": math.ceil, "trunc": math.trunc, "sqrt": ma
 _TORCH = {"sym_float": float, "_sym_sqrt": math.sqrt, "sym_max": max, "sym_min": min}
 _TENSOR_METHODS = ("size", "stride", "storage_offset", "dim")
 _MAX_CHARS = 1 << 16
+#: Deepest expression accepted (a sum of 200 sizes is 200 deep); deeper ones would exhaust the recursion of
+#: Python's compiler and of :mod:`ast`'s visitors.
+MAX_DEPTH = 256
+#: Most bits any integer an accepted expression computes can have, bounded from the expression alone (a size is
+#: below 2**63; ``s0*s1*s2`` is at most 189 bits).  ``((9**64)**64)**64`` would take seconds of CPU and gigabytes
+#: on every call.
+MAX_BITS = 4096
+_SIZE_BITS = 64  # a placeholder's size, stride or number, a symbol's value: below 2**63
+_FLOAT_BITS = 1024  # a finite float, as an int
 
 
 class GuardSyntaxError(ValueError):
@@ -42,8 +51,67 @@ class _Namespace:
 _SCOPE = {"__builtins__": {}, **_FUNCS, "math": _Namespace(_MATH), "torch": _Namespace(_TORCH)}
 
 
+def _bits(node: ast.AST) -> int:
+    """An upper bound of the bits of any integer ``node`` (a checked expression, :func:`_check`) evaluates to,
+    with every size and symbol below 2**63; a float counts as :data:`_FLOAT_BITS`.
+
+    Raises:
+        GuardSyntaxError: the bound of ``node`` or of a subexpression passes :data:`MAX_BITS`.
+    """
+    bits = _bound(node)
+    if bits > MAX_BITS:
+        raise GuardSyntaxError(f"a guard or size expression whose values can reach more than {MAX_BITS} bits: "
+                               f"{ast.unparse(node)[:200]}")
+    return bits
+
+
+def _bound(node: ast.AST) -> int:
+    kids = {id(c): _bits(c) for c in ast.iter_child_nodes(node) if isinstance(c, ast.expr)}  # every one checked
+    if isinstance(node, ast.Expression):
+        return kids[id(node.body)]
+    if isinstance(node, ast.Constant):
+        v = node.value
+        return _FLOAT_BITS if isinstance(v, float) else abs(int(v or 0)).bit_length()
+    if isinstance(node, (ast.Name, ast.Subscript)):  # a symbol, a placeholder's value or one of its sizes
+        return _SIZE_BITS
+    if isinstance(node, ast.Attribute):  # math.inf, math.nan, a tensor's method
+        return _FLOAT_BITS
+    if isinstance(node, ast.Compare):
+        return 1
+    if isinstance(node, ast.UnaryOp):
+        return 1 if isinstance(node.op, ast.Not) else kids[id(node.operand)]
+    if isinstance(node, (ast.BoolOp, ast.IfExp)):  # ``a or b`` is one of its operands
+        return max(kids.values())
+    if isinstance(node, ast.Call):  # max, min, abs, int, floor...; a tensor's size(): a size
+        return max([_SIZE_BITS, *(kids[id(a)] for a in node.args)])
+    if isinstance(node, ast.BinOp):
+        left, right = kids[id(node.left)], kids[id(node.right)]
+        if isinstance(node.op, (ast.Add, ast.Sub)):
+            return max(left, right) + 1
+        if isinstance(node.op, ast.Mult):
+            return left + right
+        if isinstance(node.op, ast.Pow):  # the exponent is a constant of at most 64 (_check)
+            return left * max(1, node.right.value)  # type: ignore[attr-defined]
+        if isinstance(node.op, ast.Div):
+            return _FLOAT_BITS
+        return left  # FloorDiv, Mod
+    return MAX_BITS + 1  # nothing else passes _check
+
+
+def _depth(node: ast.AST) -> int:
+    """The depth of the tree under ``node``, without recursion."""
+    deepest, todo = 0, [(node, 1)]
+    while todo:
+        n, d = todo.pop()
+        deepest = max(deepest, d)
+        if d <= MAX_DEPTH:
+            todo.extend((c, d + 1) for c in ast.iter_child_nodes(n))
+    return deepest
+
+
 def _check(node: ast.AST, names: frozenset[str]) -> None:
-    """Raise :class:`GuardSyntaxError` unless every node under ``node`` is allowed (see module docstring)."""
+    """Raise :class:`GuardSyntaxError` unless every node under ``node`` is allowed (see module docstring) and
+    no integer it computes can pass :data:`MAX_BITS` bits."""
     for n in ast.walk(node):
         ok = isinstance(n, (ast.Expression, ast.BoolOp, ast.And, ast.Or, ast.BinOp, ast.UnaryOp, ast.Compare,
                             ast.IfExp, ast.Load, ast.Subscript, ast.Call, ast.Attribute, ast.Name, ast.Constant,
@@ -69,7 +137,8 @@ def _check(node: ast.AST, names: frozenset[str]) -> None:
             ok = isinstance(n.slice, ast.Constant) and isinstance(n.slice.value, int)
         if not ok:
             raise GuardSyntaxError(f"{type(n).__name__} is not allowed in a guard: "
-                                   f"{ast.unparse(n) if isinstance(n, ast.expr) else ''}")
+                                   f"{ast.unparse(n)[:200] if isinstance(n, ast.expr) else ''}")
+    _bits(node)
 
 
 class _Positional(ast.NodeTransformer):
@@ -87,12 +156,21 @@ class _Positional(ast.NodeTransformer):
 
 
 def _parse(text: str) -> ast.Expression:
+    """``text`` parsed, at most :data:`MAX_DEPTH` deep.
+
+    Raises:
+        GuardSyntaxError: not a string of at most 64 Ki characters, not an expression, or nested too deep (the
+            parser's own MemoryError or RecursionError on deep nesting, ValueError on a huge literal, included).
+    """
     if not isinstance(text, str) or len(text) > _MAX_CHARS:
         raise GuardSyntaxError(f"a guard must be a string of at most {_MAX_CHARS} characters")
     try:
-        return ast.parse(text, mode="eval")
-    except SyntaxError as err:
-        raise GuardSyntaxError(f"guard does not parse: {err}") from err
+        tree = ast.parse(text, mode="eval")
+    except (SyntaxError, ValueError, MemoryError, RecursionError) as err:
+        raise GuardSyntaxError(f"guard does not parse: {type(err).__name__}: {str(err)[:200]}") from err
+    if _depth(tree) > MAX_DEPTH:
+        raise GuardSyntaxError(f"a guard nested more than {MAX_DEPTH} deep")
+    return tree
 
 
 class Guards:

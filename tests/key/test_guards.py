@@ -47,6 +47,35 @@ def test_anything_but_arithmetic_is_refused(text):
         Guards(text, NAMES)
 
 
+@pytest.mark.parametrize("text", [
+    "((9 ** 64) ** 64) ** 64 > 0",  # 29 characters, 14 s and gigabytes per call before
+    "(L['t1'] ** 64) ** 64 > 0",
+    "max(1, (9 ** 64) ** 64) > 0",
+    "((9 ** 64) ** 64)[0] > 0",  # the base is computed before the subscript fails
+    " * ".join(["(L['t1'] ** 64)"] * 2) + " > 0",
+    "((" + " * ".join(["L['t1']"] * 40) + ") ** 2) > 0",
+])
+def test_expressions_whose_values_can_pass_4096_bits_are_refused(text):
+    with pytest.raises(GuardSyntaxError, match="4096 bits|not allowed"):
+        Guards(text, NAMES)
+    with pytest.raises(GuardSyntaxError, match="4096 bits|not allowed"):
+        evaluate_size(text.replace("L['t1']", "s0").removesuffix(" > 0"), {"s0": 1})
+
+
+@pytest.mark.parametrize("text", ["-" * 60000 + "1", "1+" * 30000 + "1", "not " * 15000 + "1",
+                                  "(" * 300 + "1" + ")" * 300, "abs(" * 300 + "1" + ")" * 300, "1" * 5000])
+def test_expressions_nested_too_deep_are_a_guard_syntax_error(text):
+    # the parser's MemoryError / RecursionError, or a literal past Python's digit limit, never escapes
+    with pytest.raises(GuardSyntaxError):
+        Guards(text, NAMES)
+
+
+def test_deep_but_real_expressions_still_work():
+    total = " + ".join(["L['t1']"] * 200)  # a cat of 200 inputs: a sum 200 deep
+    assert Guards(f"{total} <= 6400 and L['t1'] ** 2 * L['t1'] >= 8", NAMES).failures([None, 32, None]) == []
+    assert evaluate_size(" + ".join(["s0"] * 200), {"s0": 3}) == 600
+
+
 def test_overlong_expressions_are_refused():
     with pytest.raises(GuardSyntaxError):
         Guards(" and ".join(["L['t1'] > 0"] * 10000), NAMES)
