@@ -19,7 +19,7 @@ from test_security import copy_of, evil_wrapper, plant
 
 import precompile
 from cache_backends import open_cache
-from precompile.artifact import trust
+from precompile.artifact import trust, trust_keys
 from precompile.errors import ConfigError, PrecompileError, TrustConfigError
 
 
@@ -31,8 +31,8 @@ def builder(tmp_path) -> tuple[str, str]:
 
 
 def _clear_caches() -> None:
-    trust.parse_verify_keys.cache_clear()
-    trust.load_signing_key.cache_clear()
+    trust_keys._parse_verify_keys.cache_clear()
+    trust_keys._load_signing_key.cache_clear()
 
 
 def empty_settings(tmp: Path) -> dict[str, str]:
@@ -166,6 +166,29 @@ def test_key_files_with_comments_blank_lines_and_pem_still_verify(artifacts, bui
     monkeypatch.setenv("PRECOMPILE_VERIFY_KEYS", attacker)
     with pytest.raises(precompile.UntrustedArtifactError):
         precompile.load(path)
+
+
+def test_a_key_removed_from_a_key_file_is_not_trusted_from_the_next_load_on(artifacts, builder, tmp_path,
+                                                                            monkeypatch):
+    """Revoking a builder's key by editing the workers' key file takes effect without a restart (the parsed keys
+    were cached by the setting's text, so a revoked key stayed trusted until the process ended)."""
+    c = artifacts("make_fx")
+    key_path, pub = builder
+    other = trust.generate_key(tmp_path / "other.pem")
+    signed = copy_of(c.art)
+    signed.manifest = trust.Policy(signer=trust.load_signing_key(key_path)).sign(signed.manifest)
+    path = signed.save(tmp_path / "signed.pc")
+    listed = tmp_path / "workers.keys"
+    listed.write_text(f"{pub}\n{other}\n")
+    monkeypatch.setenv("PRECOMPILE_VERIFY_KEYS", str(listed))
+    assert_same_output(precompile.load(path)(*c.inputs), c.expected)
+    listed.write_text(f"{other}\n")  # the builder's key revoked, in place
+    with pytest.raises(precompile.UntrustedArtifactError, match="not a configured verify key"):
+        precompile.load(path)
+    replacement = tmp_path / "workers.keys.new"
+    replacement.write_text(f"{other}\n{pub}\n")
+    replacement.replace(listed)  # and trusted again, by an atomic rename
+    assert_same_output(precompile.load(path)(*c.inputs), c.expected)
 
 
 FRESH_LOAD = textwrap.dedent("""
