@@ -56,7 +56,7 @@ def export_cmd(keys: tuple[str, ...], cache_url: str | None, output: str, export
 def import_cmd(bundle: str, cache_url: str | None, as_json: bool) -> None:
     """Check bundle file BUNDLE whole (checksum, every blob's digest, every artifact complete), then write its
     blobs and refs into the cache.  A bundle that fails a check is refused and nothing is written."""
-    from precompile.ops.bundle import check_bundle, import_bundle
+    from precompile.ops.bundle import check_bundle, check_trusted, import_bundle
 
     try:
         # a bundle that fails a check is refused before the cache is even opened (and leaves no progress bar)
@@ -64,6 +64,7 @@ def import_cmd(bundle: str, cache_url: str | None, as_json: bool) -> None:
             task = progress.add_task("", total=None)
             checked = check_bundle(bundle, lambda i, n: progress.update(task, completed=i, total=n))
         cache = open_for_write(cache_url)
+        check_trusted(checked, cache)
         with progress_bar("import", disable=as_json) as progress:
             task = progress.add_task("", total=None)
             refs, written = import_bundle(checked, cache, lambda i, n: progress.update(task, completed=i, total=n))

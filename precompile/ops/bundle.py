@@ -255,12 +255,14 @@ class CheckedBundle:
         header: its parsed header (``refs``, ``blobs``...).
         first: offset of its first blob.
         end: offset of its end marker.
+        manifests: each ref's manifest, parsed (``{key: manifest}``), for the trust check of an import.
     """
 
     path: Path
     header: dict[str, Any]
     first: int
     end: int
+    manifests: dict[str, Any]
 
 
 def check_bundle(path: str | os.PathLike[str], progress: Callable[[int, int], None] | None = None) -> CheckedBundle:
@@ -292,6 +294,7 @@ def check_bundle(path: str | os.PathLike[str], progress: Callable[[int, int], No
                 docs[digest] = data
             if progress:
                 progress(len(have), count)
+    manifests: dict[str, Any] = {}
     for ref in header["refs"]:
         data = docs.get(ref["digest"])
         if data is None:
@@ -299,6 +302,7 @@ def check_bundle(path: str | os.PathLike[str], progress: Callable[[int, int], No
         try:
             missing = set(required_parts(data)) - have
             named = manifest_key(data)
+            manifests[ref["key"]] = loads_json(data, MAX_MANIFEST_BYTES, f"manifest of {ref['key'][:12]}")
         except InputLimitError as err:
             raise ArtifactFormatError(f"bundle {path} is refused: the manifest of {ref['key'][:12]} is over its "
                                       f"bounds ({err})") from err
@@ -306,7 +310,28 @@ def check_bundle(path: str | os.PathLike[str], progress: Callable[[int, int], No
             raise ArtifactFormatError(f"bundle {path} lacks {len(missing)} part(s) of artifact {ref['key'][:12]}")
         if named is not None and named != ref["key"]:
             raise ArtifactFormatError(f"bundle {path} maps key {ref['key'][:12]} to the manifest of {named[:12]}")
-    return CheckedBundle(path, header, first, end)
+    return CheckedBundle(path, header, first, end, manifests)
+
+
+def check_trusted(bundle: CheckedBundle, cache: Cache) -> None:
+    """Refuse a bundle holding an artifact that the verify keys configured here (or in ``cache``'s URL) refuse:
+    importing its ref would replace a trusted entry with one every worker refuses.  Without verify keys, nothing.
+
+    Raises:
+        UntrustedArtifactError: an artifact of the bundle is unsigned, signed by another key, or changed since.
+        TrustConfigError: a configured key cannot be read, or a key setting names no key.
+    """
+    from precompile.artifact import trust
+    from precompile.errors import UntrustedArtifactError
+
+    policy = trust.policy(cache)
+    for key, doc in bundle.manifests.items():
+        verdict = policy.check(doc)
+        if not verdict.ok:
+            raise UntrustedArtifactError(f"bundle {bundle.path} is refused: artifact {key[:12]} in it is not trusted "
+                                         f"here ({verdict.detail}); nothing was written (export it from a cache its "
+                                         "builder signed, or import where no verify key is configured)",
+                                         verdict.status, verdict.key_id)
 
 
 def import_bundle(bundle: CheckedBundle, cache: Cache,
@@ -321,10 +346,15 @@ def import_bundle(bundle: CheckedBundle, cache: Cache,
         ``(one Imported per ref, blobs written)``.
 
     Raises:
+        UntrustedArtifactError: verify keys are configured (here or in ``cache``'s URL) and a manifest of the
+            bundle is not signed by one of them (nothing is written: such a ref would replace a trusted one with
+            an entry every worker refuses).
         ArtifactFormatError: a blob no longer matches its digest (the file changed since it was checked).
         FileNotFoundError: the file is gone.
         CacheReadOnlyError / CacheUnavailableError: the cache refused a write.
+        TrustConfigError: a configured key cannot be read, or a key setting names no key.
     """
+    check_trusted(bundle, cache)
     path, header, count = bundle.path, bundle.header, bundle.header["blobs"]
     written = 0
     with open_regular(path, "bundle") as f:

@@ -1,8 +1,11 @@
-"""``precompile rebuild`` on planted entries (a second probe of issue 30): a rebuild rebuilds the stored FX graph
-and runs it, so a graph naming ``{"fn": "os:system"}`` would run a shell command.  An entry the verify keys do not
-accept is refused unread, with or without KEYS; under ``PRECOMPILE_REQUIRE_NO_HOST_CODE`` without verify keys a
-graph may call only ATen operators and size arithmetic; a malformed ``env`` is skipped, never a traceback.  Real
-processes, a real local cache, a marker file that must never appear.
+"""The operations commands that write a cache, under verify keys (a second probe of issue 30).
+
+``precompile rebuild`` rebuilds a stored FX graph and runs it, so a planted graph naming ``{"fn": "os:system"}``
+would run a shell command: an entry the verify keys do not accept is refused unread, with or without KEYS; under
+``PRECOMPILE_REQUIRE_NO_HOST_CODE`` without verify keys a graph may call only ATen operators and size arithmetic; a
+malformed ``env`` is skipped, never a traceback.  ``precompile import`` of a bundle holding an artifact the verify
+keys refuse writes nothing (its ref would replace a trusted one with an entry every worker refuses).  Real
+processes, real local caches, a marker file that must never appear.
 """
 
 from __future__ import annotations
@@ -10,7 +13,9 @@ from __future__ import annotations
 import json
 import os
 
-from _cli import cli, cli_json
+import pytest
+
+from _cli import cli, cli_json, error_line
 
 from cache_backends.base import digest_bytes
 from cache_backends.local import LocalCache
@@ -18,6 +23,12 @@ from precompile import config
 from precompile.artifact import trust
 from precompile.key.ambient import ambient_state
 from precompile.key.graph import canonical_graph, canonical_json
+
+
+@pytest.fixture
+def builder_key(tmp_path) -> tuple[str, str]:
+    """``(private key path, public key text)`` of a builder."""
+    return str(tmp_path / "builder.pem"), trust.generate_key(tmp_path / "builder.pem")
 
 
 def plant(cache: LocalCache, marker: str, env: object) -> str:
@@ -77,3 +88,23 @@ def test_a_malformed_env_factor_is_skipped_without_a_traceback(tmp_path):
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
     assert json.loads(proc.stdout.strip().splitlines()[-1])["rows"] == []
     assert not os.path.exists(tmp_path / "marker")
+
+
+def test_import_of_a_bundle_the_verify_keys_refuse_writes_nothing(artifacts, cache_copy, builder_key, tmp_path):
+    key_path, public = builder_key
+    key = artifacts("dynamo").art.key
+    source = LocalCache(cache_copy())
+    unsigned = tmp_path / "unsigned.pcb"
+    cli("export", key, "--cache", str(source.root), "-o", str(unsigned))
+    dest = tmp_path / "dest"
+    keys = {"PRECOMPILE_VERIFY_KEYS": public}
+    proc = cli("import", str(unsigned), "--cache", str(dest), env=keys, check=False)
+    assert proc.returncode == 1 and "is refused" in error_line(proc) and "not signed" in error_line(proc)
+    assert not (dest / "ref").exists() or not any((dest / "ref").iterdir())
+    # the same artifact signed by the builder imports, and loads under the keys
+    manifest = trust.Policy(signer=trust.load_signing_key(key_path)).sign(artifacts("dynamo").art.manifest)
+    source.set_ref(key, source.put_blob(manifest.to_json()))
+    cli("export", key, "--cache", str(source.root), "-o", str(tmp_path / "signed.pcb"))
+    imported = cli_json("import", str(tmp_path / "signed.pcb"), "--cache", str(dest), env=keys)
+    assert [r["outcome"] for r in imported["refs"]] == ["imported"]
+    assert cli_json("verify", "--cache", str(dest), env=keys)["ok"]
