@@ -245,8 +245,9 @@ class Cache(ABC):
         """
 
     @abstractmethod
-    def delete_ref(self, key: str) -> bool:
-        """Remove ``key``; True if it existed.
+    def delete_ref(self, key: str, digest: str | None = None) -> bool:
+        """Remove ``key``; True if it existed.  With ``digest``, only if the ref still names that digest
+        (compare-and-delete): a reader dropping the entry it found damaged never deletes one a writer stored since.
 
         Raises:
             CacheReadOnlyError: the cache is read-only.

@@ -346,8 +346,9 @@ class LocalCache(LocalUpkeepMixin, LocalCountersMixin, LocalFilesMixin, LocalFet
         except Exception as err:  # eviction is upkeep: never fail the store that triggered it
             log.warning("eviction in cache %s failed: %s", self.root, err, exc_info=log.isEnabledFor(logging.DEBUG))
 
-    def delete_ref(self, key: str) -> bool:
-        """Remove ref ``key``; True if it existed.  Its blobs stay until eviction finds them unreferenced.
+    def delete_ref(self, key: str, digest: str | None = None) -> bool:
+        """Remove ref ``key``; True if it existed (with ``digest``: if it named that digest, and was not replaced
+        meanwhile).  Its blobs stay until eviction finds them unreferenced.
 
         Raises:
             ValueError: ``key`` is not 64 lowercase hex characters.
@@ -357,6 +358,8 @@ class LocalCache(LocalUpkeepMixin, LocalCountersMixin, LocalFilesMixin, LocalFet
         path = self._ref_path(check_name(key, "artifact key"))
         self._check_writable()
         try:
+            if digest is not None:
+                return self._remove_ref_naming(path, digest)
             os.unlink(path)
         except FileNotFoundError:
             return False

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from cache_backends.base import HEX64, MISS, _Miss, decompress_frame, digest_bytes
-from cache_backends.bounded import MAX_BLOB_BYTES, frame_bound, open_regular, read_at_most
+from cache_backends.bounded import MAX_BLOB_BYTES, MAX_REF_BYTES, frame_bound, open_regular, read_at_most
 from precompile.errors import (
     CacheError,
     CacheReadOnlyError,
@@ -211,6 +211,19 @@ class LocalFilesMixin:
         with contextlib.suppress(OSError):
             os.unlink(quarantine)
         return not keep
+
+    def _remove_ref_naming(self, path: Path, digest: str) -> bool:
+        """Remove ref file ``path`` if it names ``digest`` and is still the file read (same inode: a writer
+        replaces a ref by a rename).  Returns True if removed.  Raises OSError as :meth:`_remove_unless`."""
+        try:
+            with open_regular(path, "cache ref") as f:
+                st = os.fstat(f.fileno())
+                named = f.read(MAX_REF_BYTES).decode("ascii", "replace").strip()
+        except (FileNotFoundError, NotRegularFileError):
+            return False
+        if named != digest:
+            return False
+        return self._remove_unless(path, lambda s: (s.st_dev, s.st_ino) != (st.st_dev, st.st_ino))
 
     def _drop_bad_blob(self, digest: str, path: Path, st: os.stat_result | None, why: str) -> None:
         action = "left in place (read-only cache)" if self.read_only else "dropped"

@@ -309,15 +309,18 @@ class RedisCache(ReplicasMixin, BlobsMixin, CountersMixin, LeasesMixin, UpkeepMi
             self.client.set(rkey, digest.encode(), px=px)
 
     @retrying
-    def delete_ref(self, key: str) -> bool:
-        """Remove ``key``; True if it existed.
+    def delete_ref(self, key: str, digest: str | None = None) -> bool:
+        """Remove ``key``; True if it existed (with ``digest``: if it named that digest; one Lua script).
 
         Raises:
             CacheReadOnlyError: the cache is read-only.
             CacheUnavailableError: Redis cannot be reached.
         """
+        rkey = self._ref_key(check_name(key, "artifact key"))
         with self._talk(f"deleting ref {key[:12]}", write=True):
-            return bool(self.client.delete(self._ref_key(check_name(key, "artifact key"))))
+            if digest is not None:
+                return bool(self._release(keys=[rkey], args=[digest]))
+            return bool(self.client.delete(rkey))
 
     def iter_refs(self) -> Iterator[tuple[str, str]]:
         """Yield ``(key, digest)`` for every well-formed ref (SCAN on every primary of a cluster).

@@ -286,8 +286,10 @@ class TieredCache(Cache):
         """
         self._write_both(f"writing ref {key[:12]}", lambda c: c.set_ref(key, digest))
 
-    def delete_ref(self, key: str) -> bool:
-        """Remove ``key`` from both tiers (a broken artifact is broken everywhere); True if either had it.
+    def delete_ref(self, key: str, digest: str | None = None) -> bool:
+        """Remove ``key`` from both tiers (a broken artifact is broken everywhere); True if either had it.  With
+        ``digest``, each tier's ref only if it names that digest: a damaged local entry never deletes the remote
+        ref to a good one.
 
         Raises:
             CacheReadOnlyError: both tiers are read-only (as :meth:`put_blob` and :meth:`set_ref` do).
@@ -296,11 +298,11 @@ class TieredCache(Cache):
             raise CacheReadOnlyError(f"cannot delete ref {key[:12]}: both tiers of {self.url} are read-only")
         gone = False
         try:
-            gone = self.local.delete_ref(key)
+            gone = self.local.delete_ref(key, digest)
         except CacheError as err:
             log.debug("could not delete ref %s from %s: %s", key[:12], self.local.url, err)
         if not self.remote.read_only:
-            gone = self._remote(f"deleting ref {key[:12]}", lambda: self.remote.delete_ref(key), False) or gone
+            gone = self._remote(f"deleting ref {key[:12]}", lambda: self.remote.delete_ref(key, digest), False) or gone
         return gone
 
     def iter_refs(self) -> Iterator[tuple[str, str]]:

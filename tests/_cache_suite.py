@@ -156,6 +156,13 @@ class CacheSuite:
         assert cache.delete_ref(KEY) is True and cache.delete_ref(KEY) is False
         assert cache.get_ref(KEY) is MISS and list(cache.iter_refs()) == [(KEY2, d2)]
 
+    def test_a_ref_is_deleted_with_a_digest_only_while_it_names_that_digest(self, cache):
+        a, b = cache.put_blob(b"manifest a"), cache.put_blob(b"manifest b")
+        cache.set_ref(KEY, b)  # a writer replaced the damaged manifest a reader found (a) with b
+        assert cache.delete_ref(KEY, a) is False and cache.get_ref(KEY) == b
+        assert cache.delete_ref(KEY, b) is True and cache.get_ref(KEY) is MISS
+        assert cache.delete_ref(KEY, b) is False
+
     def test_a_stored_artifact_loads_and_runs(self, cache, artifacts):
         from conftest import assert_same_output
 

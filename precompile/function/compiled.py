@@ -187,7 +187,7 @@ class CompiledFunction:
             if missing:
                 raise ValueError(f"its bytecode calls graphs the manifest does not name: {missing[:3]}")
         except ValueError as err:  # a damaged entry: dropped, rebuilt
-            store.drop(self._cache, self.key, str(err))
+            store.drop(self._cache, self.key, str(err), got.digest)
             return None
         try:
             package = dynamo_pkg.install(_first_frame(self._target), record, loaded)

@@ -44,9 +44,10 @@ class Stored:
     digest: str = ""  # the manifest's digest (what the key's ref points at)
 
 
-def drop(cache: Cache, key: str, why: str) -> None:
-    """Drop the ref of a damaged whole-function entry (:func:`precompile.store.cache_io.drop_ref`)."""
-    drop_ref(cache, key, why, "function artifact")
+def drop(cache: Cache, key: str, why: str, digest: str | None = None) -> None:
+    """Drop the ref of a damaged whole-function entry (:func:`precompile.store.cache_io.drop_ref`; with
+    ``digest``, only if the ref still names that manifest)."""
+    drop_ref(cache, key, why, "function artifact", digest=digest)
 
 
 def read(cache: Cache, key: str) -> Stored | None:
@@ -58,13 +59,15 @@ def read(cache: Cache, key: str) -> Stored | None:
     from precompile.artifact import trust
 
     policy = trust.policy(cache)
+    digest: str | None = None
     try:
-        doc = read_manifest_doc(cache, key, policy, "function artifact")
-        if doc is None:
+        read = read_manifest_doc(cache, key, policy, "function artifact")
+        if read is None:
             return None
+        digest, doc = read
         manifest = FunctionManifest.from_dict(doc)
         if manifest.key != key:
-            drop(cache, key, f"its manifest names another key {manifest.key[:12]}")
+            drop(cache, key, f"its manifest names another key {manifest.key[:12]}", digest)
             return None
         if config.require_no_host_code():  # Dynamo's part is a pickle and its bytecode runs: host code
             log.info("function artifact %s carries host code (Dynamo's bytecode) and PRECOMPILE_REQUIRE_NO_HOST_CODE "
@@ -73,27 +76,27 @@ def read(cache: Cache, key: str) -> Stored | None:
             metrics.note_miss("host_code")
             return None
         if manifest.refused is not None:
-            return Stored(manifest, b"", digest_bytes(manifest.to_json()))
+            return Stored(manifest, b"", digest)
         part = manifest.parts["dynamo"]
         if int(manifest.blobs[part]["size"]) > MAX_DYNAMO_BYTES:
             drop(cache, key,
-                 f"its Dynamo part claims {manifest.blobs[part]['size']} bytes (at most {MAX_DYNAMO_BYTES})")
+                 f"its Dynamo part claims {manifest.blobs[part]['size']} bytes (at most {MAX_DYNAMO_BYTES})", digest)
             return None
         data = cache.get_blob(part, int(manifest.blobs[part]["size"]))  # no larger than the manifest says
         # the backend verified the digest; checked again here because the next step unpickles
         if data is MISS or len(data) > MAX_DYNAMO_BYTES or digest_bytes(data) != part:
-            drop(cache, key, "its Dynamo part is missing or corrupt")
+            drop(cache, key, "its Dynamo part is missing or corrupt", digest)
             return None
     except UnsafePathError as err:
         refused_unsafe(cache, "function artifact", key, err)
         return None
     except ArtifactFormatError as err:
-        drop(cache, key, str(err))
+        drop(cache, key, str(err), digest)
         return None
     except CacheError as err:
         read_failed(cache, "function artifact", key, err)
         return None
-    return Stored(manifest, bytes(data), digest_bytes(manifest.to_json()))  # to_json is canonical: the stored bytes
+    return Stored(manifest, bytes(data), digest)
 
 
 def write(cache: Cache, manifest: FunctionManifest, dynamo: bytes, over: str | None = None) -> str | None:

@@ -49,13 +49,15 @@ def load_from_cache(key: str, cache: str | Cache | None, *, bound: dict[int, tor
 
     c = open_cache(cache)
     policy = trust.policy(c)
+    digest: str | None = None  # the manifest's, once read: a drop deletes only a ref that still names it
     try:
-        doc = read_manifest_doc(c, key, policy, "cache entry")
-        if doc is None:
+        read = read_manifest_doc(c, key, policy, "cache entry")
+        if read is None:
             return None
+        digest, doc = read
         manifest = Manifest.from_dict(doc)
         if manifest.key != key:
-            drop_ref(c, key, f"its manifest names another key {manifest.key[:12]}")
+            drop_ref(c, key, f"its manifest names another key {manifest.key[:12]}", digest=digest)
             return None
         if config.require_no_host_code() and not manifest.parts.get("wrapper_graph"):
             log.info("cache entry %s carries host code (%s) and PRECOMPILE_REQUIRE_NO_HOST_CODE is set: a miss",
@@ -74,7 +76,7 @@ def load_from_cache(key: str, cache: str | Cache | None, *, bound: dict[int, tor
         rest = [d for d in manifest.part_digests() if d not in got]
         lost += [d for d, ok in c.has_blobs(rest).items() if not ok]
         if lost:
-            drop_ref(c, key, f"{len(lost)} of its parts are missing or corrupt")
+            drop_ref(c, key, f"{len(lost)} of its parts are missing or corrupt", digest=digest)
             return None
     except UnsafePathError as err:  # planted or garbled: never used, counted with the refused entries
         refused_unsafe(c, "cache entry", key, err)
@@ -83,7 +85,7 @@ def load_from_cache(key: str, cache: str | Cache | None, *, bound: dict[int, tor
         read_failed(c, "artifact", key, err)
         return None
     except (KeyError, TypeError, AttributeError, ValueError, IndexError) as err:  # a shape the checks let through
-        drop_ref(c, key, f"its manifest is malformed ({type(err).__name__}: {str(err)[:200]})")
+        drop_ref(c, key, f"its manifest is malformed ({type(err).__name__}: {str(err)[:200]})", digest=digest)
         return None
     from precompile.key.fingerprint import check_environment
     from precompile.loader.artifact import Artifact
@@ -104,10 +106,10 @@ def load_from_cache(key: str, cache: str | Cache | None, *, bound: dict[int, tor
         art.primer = primer
         return art
     except ArtifactFormatError as err:  # a manifest whose digests check but whose specs or guards do not parse
-        drop_ref(c, key, str(err))
+        drop_ref(c, key, str(err), digest=digest)
         return None
     except (KeyError, TypeError, AttributeError, ValueError, IndexError) as err:
-        drop_ref(c, key, f"its manifest is malformed ({type(err).__name__}: {str(err)[:200]})")
+        drop_ref(c, key, f"its manifest is malformed ({type(err).__name__}: {str(err)[:200]})", digest=digest)
         return None
 
 
@@ -117,8 +119,10 @@ def part_bounds(manifest: Any) -> dict[str, int]:
     return {d: int(info["size"]) for d, info in manifest.blobs.items()}
 
 
-def read_manifest_doc(cache: Cache, key: str, policy: Any, what: str, *, max_bytes: int = MAX_MANIFEST_BYTES) -> Any:
-    """The parsed manifest (any JSON) stored under ``key`` whose signature ``policy`` accepts, or None on a miss:
+def read_manifest_doc(cache: Cache, key: str, policy: Any, what: str, *,
+                      max_bytes: int = MAX_MANIFEST_BYTES) -> tuple[str, Any] | None:
+    """``(digest the ref names, the parsed manifest: any JSON)`` stored under ``key`` whose signature ``policy``
+    accepts, or None on a miss:
     no ref (counted ``absent``), a manifest blob missing, corrupt or over ``max_bytes`` bytes (default
     :data:`~cache_backends.bounded.MAX_MANIFEST_BYTES`: refused by the backend before it is allocated, counted
     ``over_limit``; the ref dropped, :func:`drop_ref`), or a signature the policy refuses (counted ``untrusted``,
@@ -139,24 +143,26 @@ def read_manifest_doc(cache: Cache, key: str, policy: Any, what: str, *, max_byt
         return None
     raw = cache.get_blob(digest, max_bytes)
     if raw is MISS:
-        drop_ref(cache, key, f"its manifest blob is missing, corrupt or over {max_bytes} bytes", what)
+        drop_ref(cache, key, f"its manifest blob is missing, corrupt or over {max_bytes} bytes", what, digest=digest)
         return None
     doc = load_json(raw)
     verdict = policy.check(doc)
     if not verdict.ok:
         safe_incr(cache, **trust.note_refused(verdict, f"{what} {key[:12]} in {cache.url}"))
         return None
-    return doc
+    return digest, doc
 
 
-def drop_ref(cache: Cache, key: str, why: str, what: str = "cache entry") -> None:
+def drop_ref(cache: Cache, key: str, why: str, what: str = "cache entry", *, digest: str | None = None) -> None:
     """Drop the ref of a damaged entry (logged, counted as a ``damaged`` miss) so that the next writer replaces
-    it; a cache that cannot delete leaves it (never raises)."""
+    it; a cache that cannot delete leaves it (never raises).  With ``digest`` (the manifest digest found damaged),
+    only a ref that still names it is deleted: a writer's newer ref stays, and so does a tiered cache's remote ref
+    when the damage was in its local tier."""
     # corrupt blobs were already counted under ``errors`` by the backend that dropped them
     metrics.note_miss("damaged")
     log.warning("%s %s in %s is unusable (%s); dropping it so it is rebuilt", what, key[:12], cache.url, why)
     try:
-        cache.delete_ref(key)
+        cache.delete_ref(key, digest)
     except CacheError:
         pass
 

@@ -46,20 +46,22 @@ def read(cache: Cache, key: str, purpose: str) -> RecordManifest | None:
         TrustConfigError: a configured verify key cannot be read.
     """
     policy = trust.policy(cache)
+    digest: str | None = None
     try:
-        doc = read_manifest_doc(cache, key, policy, "record", max_bytes=MAX_MANIFEST_BYTES)
-        if doc is None:
+        read = read_manifest_doc(cache, key, policy, "record", max_bytes=MAX_MANIFEST_BYTES)
+        if read is None:
             return None
+        digest, doc = read
         record = RecordManifest.from_dict(doc)
         try:
             rekeyed = record_key(record.factors)
         except (TypeError, ValueError) as err:
             raise ArtifactFormatError(f"record factors cannot be encoded: {err}") from err
         if record.key != key or record.purpose != purpose or rekeyed != key:
-            drop_ref(cache, key, "its manifest names another key or purpose", "record")
+            drop_ref(cache, key, "its manifest names another key or purpose", "record", digest=digest)
             return None
     except ArtifactFormatError as err:
-        drop_ref(cache, key, str(err), "record")
+        drop_ref(cache, key, str(err), "record", digest=digest)
         return None
     except CacheError as err:
         read_failed(cache, "record", key, err)

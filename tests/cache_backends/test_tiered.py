@@ -116,6 +116,24 @@ def test_remote_garbage_is_a_miss_and_never_reaches_the_near_tier(artifacts, tmp
     assert remote.counters()["errors"] >= 1
 
 
+def test_a_damaged_near_entry_never_deletes_the_remote_ref_to_a_good_one(artifacts, tmp_path, redis_server):
+    """A near tier's ref naming a manifest neither tier holds (planted, or left by an eviction after the fleet
+    rebuilt) is dropped from the near tier only: the fleet's good ref in Redis stays (it was deleted too, so every
+    worker of the fleet missed and rebuilt)."""
+    from precompile.store.cache_io import load_from_cache
+
+    c = artifacts("dynamo")
+    remote = open_cache(redis_server.url())
+    assert store(remote, c.art)
+    good = remote.get_ref(c.art.key)
+    LocalCache(tmp_path / "near").set_ref(c.art.key, "ab" * 32)
+    url = tiered_url(tmp_path, redis_server)
+    assert load_from_cache(c.art.key, url) is None  # the near entry is damaged: a miss, its ref dropped
+    assert remote.get_ref(c.art.key) == good and LocalCache(tmp_path / "near").get_ref(c.art.key) is MISS
+    art = load_from_cache(c.art.key, url)  # the next load reads the remote's, and backfills it
+    assert_same_output(art(*c.inputs), c.expected)
+
+
 def test_read_only_remote_waits_for_the_fleets_build(artifacts, tmp_path, redis_server):
     """A serving worker (read-only towards Redis) that misses while a builder holds the lease waits for its
     artifact instead of compiling; no compile runs in this process."""
