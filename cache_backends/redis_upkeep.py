@@ -23,14 +23,21 @@ class UpkeepMixin:
     supports_upkeep = True
 
     def _scan_keys(self, pattern: str) -> list[str]:
-        """Every key matching ``pattern`` (SCAN; on every primary of a cluster), sorted.  Call inside _talk."""
+        """Every key matching ``pattern`` (SCAN; on every primary of a cluster), sorted; a name that is not UTF-8
+        (never one precompile writes) is left out.  Call inside _talk."""
         if self.cluster:
             names: list[Any] = []
             for node in self.client.get_primaries():
                 names.extend(self.client.get_redis_connection(node).scan_iter(match=pattern, count=1000))
         else:
             names = list(self.client.scan_iter(match=pattern, count=1000))
-        return sorted({n.decode() if isinstance(n, bytes) else str(n) for n in names})
+        out = set()
+        for n in names:
+            try:
+                out.add(n.decode() if isinstance(n, bytes) else str(n))
+            except UnicodeDecodeError:  # not a name precompile writes (every one is ASCII): planted or foreign
+                continue
+        return sorted(out)
 
     @staticmethod
     def _last_used(idle: Any, now: float) -> float | None:

@@ -101,7 +101,7 @@ def test_a_key_without_expiry_where_a_lease_goes_is_no_lease_and_is_replaced(kin
     assert cache.release_lease(key, token) and not cache.lease_held(key)
 
 
-def test_the_cli_lists_and_verifies_a_redis_cache_with_wrong_typed_keys(redis_server):
+def test_the_cli_lists_and_verifies_a_redis_cache_with_wrong_typed_keys_and_names(redis_server):
     from _cli import cli
 
     cache = open_cache(redis_server.url())
@@ -113,7 +113,11 @@ def test_the_cli_lists_and_verifies_a_redis_cache_with_wrong_typed_keys(redis_se
     plant_type(client, f"precompile:ref:{keys[0]}", "hash")
     other = cache.put_blob(b"another blob")
     plant_type(client, f"precompile:blob:{{{other}}}", "list")
-    for args in (["ls"], ["verify", "--json"], ["stats"]):
+    client.set(b"precompile:ref:\xff", b"x")  # names no precompile writes: not UTF-8 (a traceback in ls, verify, gc)
+    client.set(b"precompile:blob:{\xfe}", b"x")
+    assert sorted(k for k, _ in cache.iter_refs()) == sorted(keys[1:]) and other not in [
+        b.digest for b in cache.list_blobs()]
+    for args in (["ls"], ["verify", "--json"], ["stats"], ["gc", "--dry-run", "--max-bytes", "1"]):
         proc = cli(*args, "--cache", redis_server.url(), check=False, timeout=10)
         assert "Traceback" not in proc.stderr and proc.returncode in (0, 1), proc.stderr
         if args == ["ls"]:
