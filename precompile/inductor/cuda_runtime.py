@@ -18,10 +18,10 @@ Blob layout (all integers little-endian)::
 
 from __future__ import annotations
 
+import ast
 import json
 import math
 import os
-import re
 import struct
 from typing import Any
 
@@ -38,15 +38,48 @@ LAUNCH = ".launch"
 _MAGIC = b"PCLAUNCH"
 _HEADER = struct.Struct("<8sII")
 
-#: A grid line: ASCII arithmetic over names, no dunder.  ASCII only: Python folds other identifier characters to
-#: NFKC when it compiles (a fullwidth low line becomes ``_``), which would let ``__`` through.
-_GRID_LINE = re.compile(r"^(?!.*__)[A-Za-z0-9_ \t()+\-*/%<>=!,.\[\]]*\Z")
+#: What a grid line may hold (Inductor's ``GridExpr``: ceil-divisions, sums, products, ``max``/``min``, a
+#: conditional on ``==``), checked on its syntax tree: no attribute, subscript, comprehension, lambda or string, so
+#: nothing reaches an object's attributes or a frame (a regular expression over characters did not stop
+#: ``(g.gi_frame.f_back for x in [0])``).
+_GRID_NODES = (ast.Module, ast.Assign, ast.Expr, ast.Name, ast.Load, ast.Store, ast.Constant, ast.BinOp, ast.UnaryOp,
+               ast.Compare, ast.BoolOp, ast.IfExp, ast.Call, ast.Add, ast.Sub, ast.Mult, ast.FloorDiv, ast.Mod,
+               ast.USub, ast.UAdd, ast.Not, ast.Eq, ast.NotEq, ast.Lt, ast.LtE, ast.Gt, ast.GtE, ast.And, ast.Or)
+_GRID_CALLS = ("min", "max", "int", "abs")
+#: Longest grid line and most grid lines a record may hold.
+_GRID_LINE_MAX, _GRID_LINES_MAX = 4096, 64
 _RECORD_MAX_BYTES = 1 << 20
 
 
 def _ascii_identifier(value: object) -> bool:
-    """An ASCII Python identifier (others are folded to NFKC by the compiler: see _GRID_LINE)."""
+    """An ASCII Python identifier (Python folds other identifier characters to NFKC when it compiles)."""
     return isinstance(value, str) and value.isascii() and value.isidentifier()
+
+
+def _grid_line_ok(line: object) -> bool:
+    """True if ``line`` is one assignment ``name = expression`` of plain integer arithmetic (:data:`_GRID_NODES`)
+    over ASCII names without ``__``, calling only :data:`_GRID_CALLS`."""
+    if not isinstance(line, str) or not line.isascii() or len(line) > _GRID_LINE_MAX or "\n" in line:
+        return False
+    try:
+        tree = ast.parse(line, mode="exec")
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return False
+    body = tree.body
+    if len(body) != 1 or not isinstance(body[0], ast.Assign) or len(body[0].targets) != 1 \
+            or not isinstance(body[0].targets[0], ast.Name):
+        return False
+    for node in ast.walk(tree):
+        if not isinstance(node, _GRID_NODES) or isinstance(node, ast.Expr):
+            return False
+        if isinstance(node, ast.Name) and "__" in node.id:
+            return False
+        if isinstance(node, ast.Constant) and (type(node.value) is not int or abs(node.value) >= 1 << 63):
+            return False
+        if isinstance(node, ast.Call) and (not isinstance(node.func, ast.Name) or node.func.id not in _GRID_CALLS
+                                           or node.keywords or any(isinstance(a, ast.Starred) for a in node.args)):
+            return False
+    return True
 
 
 def pack_launch(record: dict[str, Any], cubin: bytes) -> bytes:
@@ -93,7 +126,7 @@ def read_launch(blob: bytes, digest: str) -> tuple[dict[str, Any], bytes]:
     if not _ascii_identifier(record["name"]) or \
             not all(_ascii_identifier(a) for a in record["params"] + record["passed"]):
         raise ValueError("launch record names parameters that are not ASCII identifiers")
-    if not all(isinstance(line, str) and _GRID_LINE.match(line) for line in record["grid"]):
+    if len(record["grid"]) > _GRID_LINES_MAX or not all(_grid_line_ok(line) for line in record["grid"]):
         raise ValueError("launch record has grid lines that are not plain arithmetic")
     tys = record["arg_tys"]
     if not (tys.isascii() and tys.isalpha() and len(tys) == len(record["passed"]) + record["scratch"]

@@ -159,6 +159,23 @@ def test_triton_launcher_computes_the_grid_of_the_picked_config():
     assert calls == [("FUNCTION", 8, 1, 1, 8, 64, "OOiO", ("a", "b", 256, None), 7)]
 
 
+def test_every_grid_inductor_writes_is_plain_arithmetic():
+    """What torch's GridExpr classes write (ceil-divisions, max of several numels, the y/z overflow split with its
+    conditional, a fixed grid's arguments) passes the grid check and computes what Inductor's exec computes."""
+    grid = ["y_grid_raw_ = -((max(ynumel_0, ynumel_1)) // -(64))", "y_grid_div_ = -((y_grid_raw_) // -(65535))",
+            "grid_0 = max(-((xnumel) // -(128)), 4)",
+            "grid_1 = (0 if y_grid_div_ == 0 else -((y_grid_raw_) // -(y_grid_div_)))", "grid_2 = y_grid_div_ + _extra"]
+    record = {"name": "k", "params": ["xnumel", "ynumel_0", "ynumel_1", "_extra"], "passed": ["xnumel"],
+              "arg_tys": "i", "scratch": 0, "num_warps": 4, "shared": 0, "device": 0, "grid": grid}
+    got, _ = cuda_runtime.read_launch(cuda_runtime.pack_launch(record, b"cubin"), "3" * 16)
+    calls = []
+    cuda_runtime.launcher_function(got, lambda *a: calls.append(a), "F")(1000, 70000, 5, 1, stream=0)
+    scope = {"xnumel": 1000, "ynumel_0": 70000, "ynumel_1": 5, "_extra": 1}
+    for line in grid:
+        exec(line, scope)  # noqa: S102 - the reference: how Inductor's own launcher evaluates them
+    assert calls[0][1:4] == (scope["grid_0"], scope["grid_1"], scope["grid_2"])
+
+
 def test_launch_blob_carries_the_cubin_and_its_record_as_data():
     record = {"name": "k", "params": ["x", "xnumel"], "passed": ["x", "xnumel"], "arg_tys": "Oi", "scratch": 0,
               "num_warps": 4, "shared": 0, "device": 0, "grid": ["grid_0 = -((xnumel) // -(256))", "grid_1 = 1"]}
@@ -189,6 +206,12 @@ def test_a_damaged_launch_blob_is_refused_with_its_reason(damage, why):
     # fullwidth low lines: Python's compiler folds them (NFKC) to "__class__"
     ("grid", ["grid_0 = x.\uff3f\uff3fclass\uff3f\uff3f"], "not plain arithmetic"),
     ("grid", ["grid_0 = 1\n"], "not plain arithmetic"),
+    # no quote and no "__", yet a generator's frame leads to the caller's builtins (the second probe's escape)
+    ("grid", ["g = (g.gi_frame.f_back.f_back for x in [0])", "grid_0 = 1"], "not plain arithmetic"),
+    ("grid", ["grid_0 = x[0]"], "not plain arithmetic"),
+    ("grid", ["grid_0 = 2 ** 100000000"], "not plain arithmetic"),
+    ("grid", ["grid_0 = 1 << 100000000"], "not plain arithmetic"),
+    ("grid", ["grid_0 = max(*x)"], "not plain arithmetic"),
     ("arg_tys", "OO", "type codes"),
     ("params", ["x; import os"], "not ASCII identifiers"),
     ("params", ["\uff58"], "not ASCII identifiers"),  # a fullwidth x: the compiler reads it as x
