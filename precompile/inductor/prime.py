@@ -17,13 +17,14 @@ binaries and builds launchers.  The loaded callable waits for the thread before 
 the process).  torch keeps cuBLAS and cuDNN handles in per-device pools that a thread returns its handles to when
 it ends, so the handles the thread created are the ones the first call takes, and the blocks it allocated stay in
 the caching allocator for the first call.  Replaying changes no output: the ops are pure functions of fresh
-tensors, and a call that would draw random numbers (``dropout_p`` not 0) is never recorded or replayed.
+tensors, and a call that would draw random numbers (``dropout_p`` not 0) or return attention's debug mask is never
+recorded or replayed.
 
 Recorded calls come from a manifest, so they are checked before anything runs (:func:`check_calls`): only
 :data:`LIBRARY_OPS` of ``aten``, known dtypes, at most :data:`MAX_CALLS` calls and :data:`MAX_DIMS` dimensions,
-bounded numbers and lists, and at most :data:`MAX_CALL_BYTES` of inputs and outputs per call, by logical size
-(outputs by each op's shape rule, :func:`_out_bytes`).  The first call waits at most :data:`WAIT_S` seconds.
-A call that fails is logged at DEBUG and left to the first call: priming never fails a load.
+bounded numbers and lists, and at most :data:`MAX_CALL_BYTES` of inputs and outputs per call, by logical size or
+storage extent, whichever is larger (outputs by each op's shape rule, :func:`_out_bytes`).  The first call waits
+at most :data:`WAIT_S` seconds.  A call that fails is logged at DEBUG and left to the first call: priming never fails a load.
 
 What it pays (H100, torch 2.11, docs/benchmarks.md): load + first call 0.134 s against 0.192 s without it for a
 Llama, 0.143 against 0.176 s for a Qwen2, 0.305-0.336 s against 0.381-0.422 s for resnet18, whose cuDNN
@@ -57,7 +58,8 @@ LIBRARY_OPS = frozenset({
     "_scaled_dot_product_cudnn_attention",
 })
 #: Bounds on what a manifest may ask a load to replay: calls, dims of a tensor, bytes of a call's tensors (inputs
-#: and outputs, counted by their logical size), items of a list argument and the magnitude of a number in it.
+#: and outputs, each the larger of its logical size and the storage its strides reach), items of a list argument
+#: and the magnitude of a number in it.
 MAX_CALLS, MAX_DIMS, MAX_CALL_BYTES, MAX_LIST, MAX_INT = 256, 8, 256 * 1024**2, 16, 1 << 31
 #: Seconds the first call waits for the replay before it runs beside it.
 WAIT_S = 30.0
@@ -85,12 +87,14 @@ def _encode(value: Any) -> Any:
     raise ValueError(f"an argument of type {type(value).__name__}")
 
 
-def _draws_random(schema: Any, args: list[Any], kwargs: dict[str, Any]) -> bool:
+def _unreplayable(schema: Any, args: list[Any], kwargs: dict[str, Any]) -> str | None:
+    """Why a call is neither recorded nor replayed, or None: it draws random numbers (``dropout_p`` not 0), or
+    asks for attention's debug mask (an output of batch x heads x L x S, past what the output rule bounds)."""
     for i, arg in enumerate(schema.arguments):
-        if arg.name == "dropout_p":
-            value = args[i] if i < len(args) else kwargs.get("dropout_p", 0.0)
-            return bool(value)
-    return False
+        if arg.name in ("dropout_p", "return_debug_mask"):
+            if args[i] if i < len(args) else kwargs.get(arg.name, 0):
+                return "it draws random numbers" if arg.name == "dropout_p" else "it returns a debug mask"
+    return None
 
 
 class _Recorder(TorchDispatchMode):
@@ -106,8 +110,8 @@ class _Recorder(TorchDispatchMode):
         if ns == "aten" and op in LIBRARY_OPS and len(self.calls) < MAX_CALLS:
             tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
             try:
-                if _draws_random(func._schema, list(args), kwargs):
-                    raise ValueError("it draws random numbers")
+                if why := _unreplayable(func._schema, list(args), kwargs):
+                    raise ValueError(why)
                 call = {"op": op, "overload": overload or "default", "device": tensors[0].device.type,
                         "args": [_encode(a) for a in args], "kwargs": {k: _encode(v) for k, v in kwargs.items()}}
             except Exception as err:  # noqa: BLE001 - recording never changes the run it watches
@@ -144,7 +148,10 @@ def _decode(value: Any, device: torch.device) -> tuple[Any, int]:
         if (dtype is None or not isinstance(shape, list) or not isinstance(stride, list) or len(shape) != len(stride)
                 or len(shape) > MAX_DIMS or not all(type(n) is int and 0 <= n < 2**40 for n in shape + stride)):
             raise ValueError(f"tensor spec {str(value)[:80]}")
-        nbytes = math.prod(shape) * dtype.itemsize  # logical size: a 0 stride does not make it small
+        # the larger of the logical size (a 0 stride does not make it small) and the storage the strides reach
+        # (what empty_strided allocates: a 2**37 stride on a 2x2 tensor is 512 GiB)
+        extent = 0 if 0 in shape else 1 + sum((n - 1) * st for n, st in zip(shape, stride))
+        nbytes = max(math.prod(shape), extent) * dtype.itemsize
         return ("tensor", shape, stride, dtype, device), nbytes
     if (isinstance(value, dict) and "l" in value and isinstance(value["l"], list) and len(value["l"]) <= MAX_LIST
             and all(type(v) in _NUMBER and abs(v) <= MAX_INT for v in value["l"])):
@@ -184,8 +191,8 @@ def check_calls(calls: Any, device_index: int | None = None) -> list[tuple[Any, 
                 raise ValueError("more tensor bytes than a call may replay")
             fn = getattr(getattr(torch.ops.aten, op), overload)
             plain_args, plain_kwargs = [a for a, _ in args], {k: v for k, (v, _) in kwargs.items()}
-            if _draws_random(fn._schema, plain_args, plain_kwargs):
-                raise ValueError("it draws random numbers")
+            if why := _unreplayable(fn._schema, plain_args, plain_kwargs):
+                raise ValueError(why)
             total = sum(n for _, n in args) + sum(n for _, n in kwargs.values()) + _out_bytes(op, plain_args)
             if total > MAX_CALL_BYTES:
                 raise ValueError(f"inputs and outputs of {total} bytes")
