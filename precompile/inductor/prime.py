@@ -24,7 +24,8 @@ Recorded calls come from a manifest, so they are checked before anything runs (:
 :data:`LIBRARY_OPS` of ``aten``, known dtypes, at most :data:`MAX_CALLS` calls and :data:`MAX_DIMS` dimensions,
 bounded numbers and lists, and at most :data:`MAX_CALL_BYTES` of inputs and outputs per call, by logical size or
 storage extent, whichever is larger (outputs by each op's shape rule, :func:`_out_bytes`).  The first call waits
-at most :data:`WAIT_S` seconds.  A call that fails is logged at DEBUG and left to the first call: priming never fails a load.
+at most :data:`WAIT_S` seconds.  A call that fails is logged at DEBUG and left to the first call: priming never
+fails a load.
 
 What it pays (H100, torch 2.11, docs/benchmarks.md): load + first call 0.134 s against 0.192 s without it for a
 Llama, 0.143 against 0.176 s for a Qwen2, 0.305-0.336 s against 0.381-0.422 s for resnet18, whose cuDNN

@@ -124,8 +124,8 @@ def test_zero_strides_cannot_make_more_elements_than_int64_holds():
 def test_an_allocation_sized_in_the_call_past_int64_bytes_is_refused_before_aten_sees_it():
     # 4 * 2**60 elements are within int64; as float32 they are 2**64 bytes
     n = {"$node": 2}
-    alloc = build(_graph(({"op": "aten::sym_size.int"}, [X, 0], {}), ({"fn": "_operator:mul"}, [{"$node": 1}, 1 << 60], {}),
-                         (EMPTY, [[n], [1]], F32)))
+    alloc = build(_graph(({"op": "aten::sym_size.int"}, [X, 0], {}),
+                         ({"fn": "_operator:mul"}, [{"$node": 1}, 1 << 60], {}), (EMPTY, [[n], [1]], F32)))
     assert alloc(torch.zeros(0)).shape == (0,)
     with pytest.raises(WrapperGraphError, match=f"an allocation of {1 << 64} bytes, past int64"):
         alloc(torch.zeros(4))

@@ -113,7 +113,8 @@ def test_recording_skips_what_draws_random_numbers_and_replays_only_bounded_libr
         {**ok, "args": [{"t": [8, 8], "s": [8, 1], "d": "object"}, ok["args"][1]]},
         huge,  # 4 TiB
         {**ok, "args": [{"t": [1 << 31, 1 << 31], "s": [0, 0], "d": "float32"}, ok["args"][1]]},  # 0 strides
-        {**ok, "args": [{"t": [2, 2], "s": [1 << 37, 1], "d": "float32"}, ok["args"][1]]},  # 16 B whose storage is 512 GiB
+        # 16 bytes by their shape, whose storage is 512 GiB
+        {**ok, "args": [{"t": [2, 2], "s": [1 << 37, 1], "d": "float32"}, ok["args"][1]]},
         {**ok, "args": [{"t": [1 << 17, 1], "s": [1, 1], "d": "float32"},
                         {"t": [1, 1 << 17], "s": [1 << 17, 1], "d": "float32"}]},  # 1 MiB in, a 64 GiB output
         {"op": "_scaled_dot_product_efficient_attention", "overload": "default", "device": "cpu", "kwargs": {},
