@@ -144,11 +144,12 @@ def _cache() -> Any:
 
 
 def _restore(cache: Any, key: str, path: str) -> bool:
-    """Write the verified entry ``key`` to ``path`` (atomically); False on a miss or a failed write."""
+    """Write the verified entry ``key`` to ``path`` (atomically); False on a miss, an entry stored as refused (it
+    has no AOT artifact: an empty file would be vLLM's to fail on) or a failed write."""
     from precompile.function import store
 
     stored = store.read(cache, key)
-    if stored is None:
+    if stored is None or stored.manifest.refused is not None or not stored.dynamo:
         return False
     return write_for_vllm(path, stored.dynamo, "vLLM's AOT artifact")
 
