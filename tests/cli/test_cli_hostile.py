@@ -165,8 +165,9 @@ def test_a_malformed_entry_is_listed_as_such_and_the_rest_still_lists(cache_copy
     url = f"file://{d}"
     listed = {it["key"]: it for it in json.loads(run("ls", "--json", "--cache", url).stdout)}
     assert "error" not in listed[good] and listed[good]["kind"] == "graph"
-    # fields a listing does not read may be odd and still list; inspect finds them
-    listable = {"tuned garbage", "symbols a list"}
+    # fields a listing does not read may be odd and still list; inspect finds them (a size symbol that is not an
+    # object is caught by the manifest's structure check since the second probe: a load reads symbols)
+    listable = {"tuned garbage"}
     assert {n for n, k in keys.items() if "error" not in listed[k]} == listable
     out = run("ls", "--cache", url).stdout
     assert good[:16] in out and out.count("malformed") >= len(keys) - len(listable)
