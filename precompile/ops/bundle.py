@@ -302,7 +302,7 @@ def check_bundle(path: str | os.PathLike[str], progress: Callable[[int, int], No
         try:
             missing = set(required_parts(data)) - have
             named = manifest_key(data)
-            manifests[ref["key"]] = loads_json(data, MAX_MANIFEST_BYTES, f"manifest of {ref['key'][:12]}")
+            manifests[ref["key"]] = _parsed(data, ref["key"])
         except InputLimitError as err:
             raise ArtifactFormatError(f"bundle {path} is refused: the manifest of {ref['key'][:12]} is over its "
                                       f"bounds ({err})") from err
@@ -311,6 +311,21 @@ def check_bundle(path: str | os.PathLike[str], progress: Callable[[int, int], No
         if named is not None and named != ref["key"]:
             raise ArtifactFormatError(f"bundle {path} maps key {ref['key'][:12]} to the manifest of {named[:12]}")
     return CheckedBundle(path, header, first, end, manifests)
+
+
+def _parsed(data: bytes, key: str) -> Any:
+    """A ref's manifest parsed, or None when it is not JSON (it has no signature: refused under verify keys, and a
+    miss at load without them).
+
+    Raises:
+        InputLimitError: it is larger or deeper than a manifest may be.
+    """
+    try:
+        return loads_json(data, MAX_MANIFEST_BYTES, f"manifest of {key[:12]}")
+    except InputLimitError:
+        raise
+    except ValueError:
+        return None
 
 
 def check_trusted(bundle: CheckedBundle, cache: Cache) -> None:

@@ -108,3 +108,16 @@ def test_import_of_a_bundle_the_verify_keys_refuse_writes_nothing(artifacts, cac
     imported = cli_json("import", str(tmp_path / "signed.pcb"), "--cache", str(dest), env=keys)
     assert [r["outcome"] for r in imported["refs"]] == ["imported"]
     assert cli_json("verify", "--cache", str(dest), env=keys)["ok"]
+
+
+def test_a_bundle_whose_manifest_is_not_json_is_refused_under_verify_keys_only(builder_key, tmp_path):
+    source = LocalCache(tmp_path / "source")
+    key = "cd" * 32
+    source.set_ref(key, source.put_blob(b"{not json"))
+    cli("export", key, "--cache", str(source.root), "-o", str(tmp_path / "b.pcb"))
+    proc = cli("import", str(tmp_path / "b.pcb"), "--cache", str(tmp_path / "keyed"),
+               env={"PRECOMPILE_VERIFY_KEYS": builder_key[1]}, check=False)
+    assert proc.returncode == 1 and "not signed" in error_line(proc)  # never a traceback
+    plain = cli_json("import", str(tmp_path / "b.pcb"), "--cache", str(tmp_path / "plain"),
+                     env={"PRECOMPILE_VERIFY_KEYS": None})
+    assert [r["outcome"] for r in plain["refs"]] == ["imported"]  # as before: a miss at load, nothing runs
