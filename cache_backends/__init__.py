@@ -3,8 +3,8 @@
 >>> from cache_backends import open_cache
 >>> cache = open_cache("file:///tmp/precompile-doctest")   # doctest: +SKIP
 
-Schemes: ``file://DIR`` (:class:`cache_backends.local.LocalCache`), ``redis://``, ``rediss://``, ``unix://``
-(:class:`cache_backends.redis_cache.RedisCache`) and two URLs joined by ``|``
+Schemes: ``file://DIR`` (:class:`cache_backends.local.cache.LocalCache`), ``redis://``, ``rediss://``, ``unix://``
+(:class:`cache_backends.redis.cache.RedisCache`) and two URLs joined by ``|``
 (:class:`cache_backends.tiered.TieredCache`).
 
 May import: :mod:`precompile.errors` and :mod:`precompile.config` (the backends); the opener,

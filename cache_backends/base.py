@@ -223,7 +223,7 @@ class Cache(ABC):
         """An optional capability (None where the backend has none, the default): a context manager that holds, for
         the processes of this host, the right to fetch blobs ``digests`` from a farther tier into this cache, waiting
         a bounded time for another holder; entering it gives the digests another process was fetching.  A tiered
-        cache takes it in its near tier, then reads the near tier again (see :mod:`cache_backends.local_fetch`)."""
+        cache takes it in its near tier, then reads the near tier again (see :mod:`cache_backends.local.fetch`)."""
         return None
 
     # ------------------------------------------------------------------------------------------------ refs

@@ -35,7 +35,7 @@ def register_backend(scheme: str, factory: Callable[[str], Cache]) -> None:
 
 def _register_builtin() -> None:
     if "file" not in _BACKENDS:
-        from cache_backends.local import LocalCache
+        from cache_backends.local.cache import LocalCache
 
         register_backend("file", LocalCache.from_url)
     for scheme in ("redis", "rediss", "unix"):
@@ -43,7 +43,7 @@ def _register_builtin() -> None:
 
 
 def _open_redis(url: str) -> Cache:
-    from cache_backends.redis_cache import RedisCache  # imported on first use: file:// loads never import redis
+    from cache_backends.redis.cache import RedisCache  # imported on first use: file:// loads never import redis
 
     return RedisCache.from_url(url)
 
@@ -53,7 +53,7 @@ def open_cache(url: str | Cache | Sequence[str] | None = None, *, create: bool =
 
     Args:
         url: ``file:///abs/dir`` (an absolute path, or one starting with ``~``, is taken as ``file://``),
-            ``redis://``/``rediss://``/``unix://`` (see :class:`cache_backends.redis_cache.RedisCache`), a tiered
+            ``redis://``/``rediss://``/``unix://`` (see :class:`cache_backends.redis.cache.RedisCache`), a tiered
             cache as two URLs joined by ``|`` or a list of two URLs (near tier first;
             :class:`cache_backends.tiered.TieredCache`), an already open :class:`Cache` (returned as is), or
             None for ``$PRECOMPILE_CACHE``, else the embedded default ``$XDG_CACHE_HOME/precompile``
@@ -117,7 +117,7 @@ def _open(url: str | Sequence[str], create: bool) -> Cache:
         raise CacheURLError(f"no cache backend handles {scheme}:// URLs (in {url!r}); known schemes: {known}")
     url, trust = _split_trust_options(url)
     if not create and scheme == "file":
-        from cache_backends.local import LocalCache
+        from cache_backends.local.cache import LocalCache
 
         if factory == LocalCache.from_url:
             cache = LocalCache.from_url(url, create=False)

@@ -6,7 +6,7 @@ Opened from a list of URLs, or one string with the URLs separated by ``|`` (firs
 
 - Reads go to the local tier first; a local miss reads the remote and backfills the local tier, once per host: the
   processes of a host that miss the same blob take a lock in the local directory, and the one that holds it first
-  fetches while the others wait, then read its copy (:mod:`cache_backends.local_fetch`).  A ref found
+  fetches while the others wait, then read its copy (:mod:`cache_backends.local.fetch`).  A ref found
   only remotely is backfilled with every blob its manifest names, then the local ref is written, so the local
   tier alone can serve the artifact later (when the remote is down, say).
 - Writes go to both (write-through): local first, then remote.
@@ -59,9 +59,9 @@ class TieredCache(Cache):
     """``local`` in front of ``remote``; see the module docstring for the policy.
 
     Args:
-        local: the near tier (usually a :class:`~cache_backends.local.LocalCache`).  Its errors are raised as
+        local: the near tier (usually a :class:`~cache_backends.local.cache.LocalCache`).  Its errors are raised as
             usual (the artifact layer turns them into misses).
-        remote: the far tier (usually a :class:`~cache_backends.redis_cache.RedisCache`).  Its errors never
+        remote: the far tier (usually a :class:`~cache_backends.redis.cache.RedisCache`).  Its errors never
             leave this class.
         refuses: ``refuses(cache, manifest)`` is True when the verify keys configured for ``cache`` (this tiered
             cache) refuse a manifest (its stored bytes): such a remote manifest is never backfilled.  The opener

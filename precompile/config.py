@@ -10,7 +10,7 @@ temporary directory by setting the environment before the call.
 | ``PRECOMPILE_CACHE_MAX_BYTES`` | size cap of a local cache, bytes (LRU eviction above it) | 20 GiB |
 | ``PRECOMPILE_LOG`` | log level of the ``precompile`` logger (``INFO``, ``DEBUG``...) | unset: inherit |
 | ``PRECOMPILE_ENGINE`` | ``auto`` (fast path where the artifact offers one) or ``portable`` (always rebuild through Inductor's cache entries) | ``auto`` |
-| ``PRECOMPILE_VLLM_PLATFORM`` | ``0`` (or false/no/off) keeps precompile's vLLM platform plugin inactive, ``1`` (or true/yes/on) lets it take part (see ``precompile.integrations.vllm_platform``) | ``1`` |
+| ``PRECOMPILE_VLLM_PLATFORM`` | ``0`` (or false/no/off) keeps precompile's vLLM platform plugin inactive, ``1`` (or true/yes/on) lets it take part (see ``precompile.integrations.vllm.platform``) | ``1`` |
 | ``PRECOMPILE_PRIME`` | whether a fast load replays the graph's library calls (cuBLAS, cuDNN, attention) in background threads, started once the manifest is verified, that the first call waits for (see ``precompile.inductor.prime``): ``off``, ``on`` (GPU graphs) or ``all`` (CPU graphs too) | ``on`` |
 | ``PRECOMPILE_REWRITES`` | ``on``: choices for a short first call, made before the key: exact graph rewrites (``precompile.key.passes``: a GPU matmul with an inner dimension of 1 becomes a multiply, so that a first call loads no cuBLAS kernel for it) and, for CUDA graphs, flash and memory-efficient attention ahead of cuDNN's (``precompile.key.sdpa``: no per-process cuDNN plan build); ``off`` compiles the graph as given under torch's own choices, for bits equal to torch's own compile of it | ``on`` |
 | ``PRECOMPILE_EXPLAIN`` | ``1``: on a miss, ``standalone_compile`` logs the closest stored artifact and the factors that differ (reads every stored manifest: for debugging) | ``0`` |
@@ -154,7 +154,7 @@ def vllm_platform_enabled() -> bool:
 
 def vllm_registry_enabled() -> bool:
     """``PRECOMPILE_VLLM_REGISTRY``: whether vLLM's model-registry facts travel through precompile's cache
-    (:mod:`precompile.integrations.vllm_registry`).  ``1``/``true``/``yes``/``on``: yes; ``0``/``false``/``no``/
+    (:mod:`precompile.integrations.vllm.registry`).  ``1``/``true``/``yes``/``on``: yes; ``0``/``false``/``no``/
     ``off``: no; unset or empty: yes when ``PRECOMPILE_CACHE`` names a cache (a fleet's), no for the local default
     (vLLM keeps the same facts on the same disk).
 

@@ -27,7 +27,7 @@ class LocalBackend(Backend):
         self.root = Path(root)
 
     def url(self, *, read_only: bool = False, evict_bytes: int | None = None) -> str:
-        from cache_backends.local_url import make_file_url
+        from cache_backends.local.url import make_file_url
 
         opts: dict[str, object] = {"read_only": 1} if read_only else {}
         if evict_bytes is not None:

@@ -19,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from cache_backends.base import MISS, digest_bytes  # noqa: E402
-from cache_backends.local import LocalCache  # noqa: E402
+from cache_backends.local.cache import LocalCache  # noqa: E402
 
 N_SHARED = 4
 

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from cache_backends.base import Cache
-from cache_backends.local import LocalCache
+from cache_backends.local.cache import LocalCache
 
 KEY = "1" * 64
 KEY2 = "2" * 64

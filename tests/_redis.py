@@ -27,7 +27,7 @@ def require_redis() -> str:
 
 
 #: Ports this process handed out already.  One is never handed out twice: a cache of this process keeps a server's
-#: circuit breaker by address (cache_backends/redis_health.py), so a fresh server on the port of one an earlier test
+#: circuit breaker by address (cache_backends/redis/health.py), so a fresh server on the port of one an earlier test
 #: stopped would be failed fast as "down" for ``down_s`` (a CI failure once).
 _HANDED_OUT: set[int] = set()
 

@@ -235,7 +235,7 @@ def cache_copy(artifacts, tmp_path):
     it (other tests' artifacts in the session cache are unreferenced there; their blobs stay)."""
 
     def copy() -> Path:
-        from cache_backends.local import LocalCache
+        from cache_backends.local.cache import LocalCache
 
         key = artifacts("dynamo").art.key
         dest = tmp_path / "cache-copy"

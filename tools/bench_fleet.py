@@ -79,7 +79,7 @@ def _args(argv=None) -> argparse.Namespace:
 
 def _replica_reads(mode: str) -> tuple[bool, bool]:
     """``(replica reads on, the URL option exists)``."""
-    from cache_backends.redis_url import URL_OPTIONS
+    from cache_backends.redis.url import URL_OPTIONS
 
     accepted = "replica_reads" in URL_OPTIONS
     if mode == "on" and not accepted:

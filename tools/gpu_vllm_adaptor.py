@@ -139,7 +139,7 @@ class Harness:
     """Captures the model once, compiles its pieces through the adaptor, and swaps pieces in and out."""
 
     def __init__(self, layers: int, device: str, cache: str) -> None:
-        from precompile.integrations.vllm import PrecompileAdaptor
+        from precompile.integrations.vllm.adaptor import PrecompileAdaptor
 
         torch.manual_seed(0)
         self.model = TinyLlama(layers).to(device=device, dtype=torch.bfloat16).eval().requires_grad_(False)

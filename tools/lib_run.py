@@ -20,7 +20,7 @@ before any clock, as in a process that uses transformers or vLLM.  Outputs go to
 the compiled callable's first return), ``run_s`` (to the end of the case's calls), ``outcome``, ``miss_reason``,
 ``not_stored``, ``eager_equal`` (None where the case is not compared with eager), ``dynamo_before_clock``
 (whether ``torch._dynamo`` was imported when the clock started); and ``frames``: the frames
-Dynamo traced in this process, over all its calls (``precompile.inductor.dynamo_pkg.frames_traced`` for ``ours``,
+Dynamo traced in this process, over all its calls (``precompile.inductor.dynamo.pkg.frames_traced`` for ``ours``,
 Dynamo's ``counters["frames"]["ok"]`` for torch's modes).  Per-call rows carry ``ours_us`` and ``torch_us``
 (medians, microseconds per call) and their ``ratio``.
 """
@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> None:
                 rows[name], outputs[name] = run_case(name, a.mode, a)
             log.info("%s %s: %s", a.mode, name, rows[name])
     if a.mode == "ours":
-        from precompile.inductor.dynamo_pkg import frames_traced
+        from precompile.inductor.dynamo.pkg import frames_traced
 
         frames = frames_traced()
     else:

@@ -43,7 +43,7 @@ class FunctionManifest(ManifestJSON):
         key: the artifact key (:func:`precompile.function.key.function_key` of ``factors``).
         factors: what the key hashes (:mod:`precompile.function.key`).
         parts: ``{"dynamo": digest}``: Dynamo's record of the function (its guarded bytecode, guards, resume
-            functions), a pickle written by torch (:mod:`precompile.inductor.dynamo_pkg`); ``{}`` in a manifest
+            functions), a pickle written by torch (:mod:`precompile.inductor.dynamo.pkg`); ``{}`` in a manifest
             stored as refused (``build.refused`` says why the function could not be stored whole).
         graphs: ``{compiled-graph name: graph artifact key}``: the name the stored bytecode calls each graph by,
             and the precompile artifact that graph loads from.

@@ -9,7 +9,7 @@ Modules: :mod:`~precompile.function.key` (the key, computed before tracing), :mo
 (the source check), :mod:`~precompile.function.store` (verified reads, signed writes) and
 :mod:`~precompile.function.compiled` (``precompile.compile``).  The manifest and its checks are
 :mod:`precompile.artifact.function_manifest`; Dynamo's own package machinery is reached through
-:mod:`precompile.inductor.dynamo_pkg` only.
+:mod:`precompile.inductor.dynamo.pkg` only.
 
 May import: :mod:`precompile.build` (each graph is compiled through it) and everything below it
 (docs/architecture.md).

@@ -145,7 +145,7 @@ class CompiledFunction:
         """Install the stored function: True; None on a miss; :data:`_TRACE` when the stored entry says the function
         cannot be stored whole, or does not install here (the reason in :attr:`miss_reason`): traced then, nothing
         stored, so that every worker does not rebuild and rewrite the same key."""
-        from precompile.inductor import dynamo_pkg
+        from precompile.inductor.dynamo import pkg as dynamo_pkg
         from precompile.store.cache_io import load_from_cache
 
         assert self._cache is not None and self.key is not None
@@ -220,7 +220,7 @@ class CompiledFunction:
         return self._graph_backend
 
     def _on_graph(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
-        from precompile.inductor import dynamo_pkg
+        from precompile.inductor.dynamo import pkg as dynamo_pkg
 
         name = dynamo_pkg.backend_name(gm)
         backend = self._graph_backend_for()
@@ -245,7 +245,7 @@ class CompiledFunction:
         self._frames.append({"code": f"frame {len(self._frames)}", "guards": texts})
 
     def _build(self, args: tuple[Any, ...], kwargs: dict[str, Any], store: bool = True) -> bool:
-        from precompile.inductor import dynamo_pkg
+        from precompile.inductor.dynamo import pkg as dynamo_pkg
 
         if config.explain_misses():
             log.warning("function %s %s: %s", _name(self._target), (self.key or "")[:12],
@@ -293,7 +293,8 @@ class CompiledFunction:
     def _store(self, first: bool) -> None:
         """Store the function (after its build, or after a retrace added an entry).  A function that cannot be
         stored whole is stored as refused, with the reason, after its first build only (never over a stored one)."""
-        from precompile.inductor import dynamo_check, dynamo_pkg
+        from precompile.inductor.dynamo import check as dynamo_check
+        from precompile.inductor.dynamo import pkg as dynamo_pkg
         from precompile.key import fingerprint
 
         assert self._cache is not None and self.key is not None

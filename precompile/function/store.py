@@ -3,7 +3,7 @@
 The same policy as graph artifacts (:mod:`precompile.store.cache_io`): the manifest's signature is checked first where
 verify keys are configured (an unsigned or badly signed entry is a counted miss, nothing of it read further), then
 its structure, every name and every length (:class:`~precompile.artifact.function_manifest.FunctionManifest`), then the
-Dynamo part's digest.  Only then may :func:`precompile.inductor.dynamo_pkg.restore` unpickle it.  A damaged entry
+Dynamo part's digest.  Only then may :func:`precompile.inductor.dynamo.pkg.restore` unpickle it.  A damaged entry
 is a miss and its ref is dropped; a cache failure is a miss, logged once and counted, never raised.
 """
 

@@ -157,7 +157,7 @@ class TritonKernel:
 
 class GraphLaunch:
     """What a stored wrapper graph's ``triton_kernel_wrapper_mutation`` nodes call
-    (:mod:`precompile.artifact.wrapper_graph`): the kernel of ``kernel_idx`` (a :class:`TritonKernel` from its
+    (:mod:`precompile.artifact.wrapper.graph`): the kernel of ``kernel_idx`` (a :class:`TritonKernel` from its
     ``.launch`` blob) launched on the node's grid with the arguments it names, on the current stream, through torch's
     static launcher.
 
@@ -177,7 +177,7 @@ class GraphLaunch:
 
     def bind(self, kernel_idx: int) -> tuple[tuple[str, ...], tuple[str, ...], Any, int]:
         """``(names of the arguments the cubin takes, those of them that are pointers, run(stream, x, y, z,
-        *args), device index)`` for kernel ``kernel_idx``: what :func:`precompile.artifact.wrapper_codegen.build` calls
+        *args), device index)`` for kernel ``kernel_idx``: what :func:`precompile.artifact.wrapper.codegen.build` calls
         a launch node with directly (no keyword dicts per call; the arguments' tuple goes to the launcher as it
         comes, padded only for a kernel with scratch memory).
 

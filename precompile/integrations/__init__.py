@@ -2,10 +2,7 @@
 
 | module | what |
 |---|---|
-| :mod:`precompile.integrations.vllm` | ``PrecompileAdaptor``: vLLM's compiler interface (piecewise graphs x compile ranges) served from a precompile cache |
-| :mod:`precompile.integrations.vllm_platform` | the ``vllm.platform_plugins`` entry point that makes ``compilation_config={"backend": "precompile"}`` pick the adaptor |
-| :mod:`precompile.integrations.vllm_aot` | vLLM's AOT artifact of the model's forward kept in precompile's cache (a warm or new machine traces nothing) |
-| :mod:`precompile.integrations.vllm_registry` | the ``vllm.general_plugins`` entry point that keeps vLLM's model-inspection facts as records in the cache |
+| :mod:`precompile.integrations.vllm` | vLLM: ``PrecompileAdaptor`` (its compiler interface: piecewise graphs x compile ranges), its platform and general plugins, its AOT artifact and model facts kept in the cache |
 | :mod:`precompile.integrations.dynamo` | ``"precompile"`` as a named ``torch.compile`` backend (``torch_dynamo_backends`` entry point) |
 
 None of them imports vLLM at import time: each works (and is tested) where vLLM is not installed.

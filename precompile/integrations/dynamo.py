@@ -10,7 +10,7 @@ a graph without them with ``"from_example_inputs"``.
 
 A graph with inputs that are neither tensors nor numbers (vLLM's whole ``DYNAMO_TRACE_ONCE`` graph passes its
 attention op ``LayerName`` opaque objects) is compiled by Inductor directly, uncached, with a warning: serve vLLM
-through its piecewise ``VLLM_COMPILE`` mode (:mod:`precompile.integrations.vllm`) instead.
+through its piecewise ``VLLM_COMPILE`` mode (:mod:`precompile.integrations.vllm.adaptor`) instead.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from typing import Any
 from cache_backends.base import HEX64, MISS, Cache, StoredBlob, StoredRef
 from cache_backends.bounded import MAX_MANIFEST_BYTES
 
-#: Default seconds an unreferenced blob is kept (as :data:`cache_backends.local.DEFAULT_GRACE_S`).
+#: Default seconds an unreferenced blob is kept (as :data:`cache_backends.local.cache.DEFAULT_GRACE_S`).
 DEFAULT_GRACE_S = 60.0
 
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -82,8 +82,8 @@ class Plan:
 
 def _keeps(cache: Cache, digest: str, memo: dict[str, frozenset[str]]) -> frozenset[str]:
     """Digests a ref's target keeps alive: itself and every 64-hex string in it (a manifest names its parts,
-    a signature envelope its manifest), conservatively (cache_backends.local.manifest_blob_digests)."""
-    from cache_backends.local import manifest_blob_digests
+    a signature envelope its manifest), conservatively (cache_backends.local.cache.manifest_blob_digests)."""
+    from cache_backends.local.cache import manifest_blob_digests
 
     if digest not in memo:
         raw = cache.get_blob(digest, MAX_MANIFEST_BYTES)  # a ref's target is a manifest

@@ -16,7 +16,7 @@ import torch
 from conftest import assert_same_output, spawn_python
 
 import precompile
-from cache_backends.local import LocalCache
+from cache_backends.local.cache import LocalCache
 from precompile.artifact.manifest import Manifest
 from precompile.build.standalone import compute_key
 

@@ -12,7 +12,7 @@ import torch
 
 import precompile
 from cache_backends.registry import open_cache
-from precompile.artifact.wrapper_text import describe
+from precompile.artifact.wrapper.text import describe
 from precompile.errors import ArtifactNotFoundError, ConfigError, UntrustedArtifactError
 
 

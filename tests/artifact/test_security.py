@@ -22,7 +22,7 @@ from conftest import assert_same_output, run_python
 import precompile
 from cache_backends import open_cache
 from cache_backends.base import digest_bytes
-from cache_backends.local import LocalCache
+from cache_backends.local.cache import LocalCache
 from precompile.artifact import formats, trust
 from precompile.artifact.manifest import Manifest
 from precompile.errors import ArtifactFormatError, UnsafePathError, UntrustedArtifactError

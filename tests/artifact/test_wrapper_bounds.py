@@ -1,4 +1,4 @@
-"""Memory safety of a stored wrapper graph (precompile.artifact.wrapper_ops, wrapper_bounds): a positive allow-list of
+"""Memory safety of a stored wrapper graph (precompile.artifact.wrapper.ops, wrapper_bounds): a positive allow-list of
 what Inductor's FX wrapper emits, and every view checked against the storage it views, at load where the graph
 fixes the values, else once per call (issue 30: ``aten::_reshape_alias`` with ``clone`` leaked heap memory, with
 ``fill_`` it segfaulted).  The fuzz over hostile graphs is tests/artifact/test_wrapper_graph_fuzz.py.
@@ -11,11 +11,11 @@ import json
 import pytest
 import torch
 
-from precompile.artifact import wrapper_ops
-from precompile.artifact.wrapper_bounds import checked_view, extent
-from precompile.artifact.wrapper_codegen import build
-from precompile.artifact.wrapper_graph import check
-from precompile.artifact.wrapper_ops import WrapperGraphError, schema_refusal
+from precompile.artifact.wrapper import ops as wrapper_ops
+from precompile.artifact.wrapper.bounds import checked_view, extent
+from precompile.artifact.wrapper.codegen import build
+from precompile.artifact.wrapper.graph import check
+from precompile.artifact.wrapper.ops import WrapperGraphError, schema_refusal
 
 
 def _graph(*calls, placeholders=("x",)):

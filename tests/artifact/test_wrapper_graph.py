@@ -1,4 +1,4 @@
-"""The wrapper as data (precompile.artifact.wrapper_graph): Inductor's FX wrapper graph stored as JSON, checked against
+"""The wrapper as data (precompile.artifact.wrapper.graph): Inductor's FX wrapper graph stored as JSON, checked against
 the allow-list and rebuilt into a callable that runs nothing the artifact names.
 
 On CPU Inductor's FX wrapper expresses only graphs without fused kernels (its converter takes Triton kernels
@@ -16,9 +16,9 @@ import pytest
 import torch
 import torch._higher_order_ops.triton_kernel_wrap as tkw
 
-from precompile.artifact import wrapper_graph as wg
+from precompile.artifact.wrapper import graph as wg
 from precompile.artifact.graph_json import graph_to_json
-from precompile.artifact.wrapper_codegen import build
+from precompile.artifact.wrapper.codegen import build
 from precompile.inductor.fx_wrapper import NotExpressible, wrapper_graph
 
 

@@ -16,13 +16,13 @@ from _probe import assert_refused, probe, zstd_bomb
 
 from cache_backends import MISS, open_cache
 from cache_backends.bounded import MAX_MANIFEST_BYTES
-from cache_backends.local import LocalCache
-from cache_backends.redis_codec import MAGIC
+from cache_backends.local.cache import LocalCache
+from cache_backends.redis.codec import MAGIC
 
 GiB = 1 << 30
 LOCAL_PROBE = """
 from cache_backends import MISS
-from cache_backends.local import LocalCache
+from cache_backends.local.cache import LocalCache
 cache = LocalCache(sys.argv[1])
 key, digest, bound = sys.argv[2], sys.argv[3], int(sys.argv[4])
 measure(lambda: repr(cache.get_ref(key)))
@@ -69,7 +69,7 @@ def test_a_ref_that_is_a_fifo_is_listed_as_garbled_and_verify_drops_it(tmp_path)
     (cache.root / "ref" / KEY).unlink()
     os.mkfifo(cache.root / "ref" / KEY)
     (listed, checked) = probe("""
-from cache_backends.local import LocalCache
+from cache_backends.local.cache import LocalCache
 from precompile.ops.verify import fix, verify
 import precompile.key.graph  # imports torch: not what is measured
 cache = LocalCache(sys.argv[1])

@@ -16,7 +16,7 @@ import pytest
 from _local import KEY, KEY2, blob_file, set_mtime, store_artifact
 
 from cache_backends import MISS, open_cache
-from cache_backends.local import LocalCache
+from cache_backends.local.cache import LocalCache
 from precompile.errors import CacheURLError
 
 

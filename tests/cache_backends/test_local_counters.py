@@ -15,7 +15,7 @@ import pytest
 from _local import KEY, KEY2
 
 from cache_backends import COUNTERS, MISS, digest_bytes, open_cache
-from cache_backends.local import LocalCache
+from cache_backends.local.cache import LocalCache
 from precompile.errors import CacheError, CacheReadOnlyError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -84,7 +84,7 @@ def test_read_only_on_missing_directory(tmp_path):
 
 _READ_ONLY_CHECK = r"""
 import json, logging, sys
-from cache_backends.local import LocalCache
+from cache_backends.local.cache import LocalCache
 from precompile.errors import CacheReadOnlyError
 logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s %(message)s")
 cache = LocalCache(sys.argv[1])

@@ -11,7 +11,7 @@ import sys
 from _local import KEY, KEY2, blob_file, set_mtime, store_artifact
 
 from cache_backends import MISS, digest_bytes
-from cache_backends.local import LocalCache
+from cache_backends.local.cache import LocalCache
 
 
 # --------------------------------------------------------------------------------------------- eviction

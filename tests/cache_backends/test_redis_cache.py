@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cache_backends import MISS, digest_bytes, open_cache
-from cache_backends.redis_cache import RedisCache
-from cache_backends.redis_health import FLUSH_INTERVAL_S
+from cache_backends.redis.cache import RedisCache
+from cache_backends.redis.health import FLUSH_INTERVAL_S
 from precompile.errors import CacheReadOnlyError, CacheUnavailableError, CacheURLError
 
 KEY = "ab" * 32

@@ -10,7 +10,7 @@ import pytest
 from conftest import assert_same_output, spawn_python
 
 import precompile
-from cache_backends.local import LocalCache
+from cache_backends.local.cache import LocalCache
 
 # ------------------------------------------------------------------- Redis faults (issue 10, findings 5-8)
 HITS_SNIPPET = r"""
@@ -90,7 +90,7 @@ def test_stalled_redis_never_slows_a_local_hit(artifacts, tmp_path, redis_server
 def test_stalled_redis_costs_one_timeout_then_is_skipped(redis_server):
     """Finding 7: redis-py retried a timed-out command, so a stalled server cost two timeouts.  Now one, and
     every cache of the process on that server then fails fast while it is down."""
-    from cache_backends.redis_cache import RedisCache
+    from cache_backends.redis.cache import RedisCache
     from precompile.errors import CacheUnavailableError
 
     url = redis_server.url(timeout=1, down_s=30)

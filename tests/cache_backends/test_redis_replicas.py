@@ -1,4 +1,4 @@
-"""Blobs read from a Redis Cluster's replicas (cache_backends/redis_replicas.py), on a real cluster of 3 masters with a
+"""Blobs read from a Redis Cluster's replicas (cache_backends/redis/replicas.py), on a real cluster of 3 masters with a
 replica each: reads spread over masters and replicas; a replica that lacks a blob (lag) or holds a damaged copy costs
 a read from the master, never a miss, a drop or an error; refs and writes stay on the masters; ``replica_reads=0``."""
 

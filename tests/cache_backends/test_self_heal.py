@@ -16,7 +16,7 @@ from conftest import assert_same_output
 import precompile
 from cache_backends import open_cache
 from cache_backends.base import MISS, digest_bytes
-from cache_backends.local import LocalCache
+from cache_backends.local.cache import LocalCache
 from precompile.errors import CacheReadOnlyError
 
 TYPES = ["hash", "list", "set", "zset", "stream"]

@@ -13,7 +13,7 @@ from conftest import assert_same_output
 
 import precompile
 from cache_backends import MISS, open_cache
-from cache_backends.local import LocalCache
+from cache_backends.local.cache import LocalCache
 from cache_backends.tiered import TieredCache
 from precompile.errors import CacheURLError
 from precompile.store.cache_io import store
@@ -201,7 +201,7 @@ def test_workers_of_one_host_fetch_each_blob_from_redis_once(tmp_path, redis_ser
 
 FETCH_HOLDER = r"""
 import sys, time
-from cache_backends.local import LocalCache
+from cache_backends.local.cache import LocalCache
 with LocalCache(sys.argv[1]).fetch_lock(sys.argv[2].split(",")):
     print("held", flush=True)
     time.sleep(120)

@@ -16,7 +16,7 @@ from _cli import cli, cli_json, error_line
 from _local import KEY, KEY2, blob_file
 from _probe import DEADLINE_S
 
-from cache_backends.local import LocalCache
+from cache_backends.local.cache import LocalCache
 from precompile.ops.bundle import END, MAGIC, VERSION
 
 

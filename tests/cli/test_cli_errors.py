@@ -102,7 +102,7 @@ def test_vllm_platform_switch(monkeypatch, caplog):
     """The accepted values of PRECOMPILE_VLLM_PLATFORM; another keeps the plugin out, with a warning naming it
     (vLLM itself would swallow the error at debug level)."""
     from precompile import config
-    from precompile.integrations.vllm_platform import platform_plugin
+    from precompile.integrations.vllm.platform import platform_plugin
 
     for value, enabled in (("", True), ("1", True), ("On", True), ("yes", True), ("0", False), ("off", False)):
         monkeypatch.setenv("PRECOMPILE_VLLM_PLATFORM", value)

@@ -15,7 +15,7 @@ import pytest
 from _cli import cli, error_line
 
 from cache_backends.base import digest_bytes
-from cache_backends.local import LocalCache
+from cache_backends.local.cache import LocalCache
 
 MARKUP = "[/bold]"  # a closing tag with nothing open: rich raises MarkupError for it when read as markup
 NASTY = f"{MARKUP} [/] [red]x[/blue] :smile: \x1b[31mred\x1b[0m"

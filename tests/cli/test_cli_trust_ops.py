@@ -18,7 +18,7 @@ import pytest
 from _cli import cli, cli_json, error_line
 
 from cache_backends.base import digest_bytes
-from cache_backends.local import LocalCache
+from cache_backends.local.cache import LocalCache
 from precompile import config
 from precompile.artifact import trust
 from precompile.key.ambient import ambient_state

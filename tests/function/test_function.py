@@ -48,7 +48,7 @@ RUN = '''
 import json, sys, torch
 sys.path.insert(0, sys.argv[1])
 import usermodel, precompile
-from precompile.inductor.dynamo_pkg import frames_traced
+from precompile.inductor.dynamo.pkg import frames_traced
 cache, what, out_path = sys.argv[2], sys.argv[3], sys.argv[4]
 torch.manual_seed(1)
 x, y = torch.randn(4, 16), torch.randn(4, 16)

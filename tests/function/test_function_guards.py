@@ -119,7 +119,7 @@ RUN = '''
 import json, sys, torch
 sys.path.insert(0, sys.argv[1])
 import library, precompile
-from precompile.inductor.dynamo_pkg import frames_traced
+from precompile.inductor.dynamo.pkg import frames_traced
 cache, what, swap, mode = sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
 if swap == "swap":
     library.ACTIVATIONS["act"] = library.gelu
@@ -184,7 +184,7 @@ TWO = '''
 import json, sys, torch
 sys.path.insert(0, sys.argv[1])
 import library, precompile
-from precompile.inductor.dynamo_pkg import frames_traced
+from precompile.inductor.dynamo.pkg import frames_traced
 x = torch.randn(4, 16, generator=torch.Generator().manual_seed(1))
 net, narrow = library.Net().eval(), library.Narrow().eval()
 with torch.no_grad():

@@ -31,7 +31,7 @@ pytestmark = pytest.mark.skipif(not HAVE_VLLM, reason=WHY + "; see tools/install
 def test_adaptor_has_vllms_compiler_interface():
     from vllm.compilation.compiler_interface import CompilerInterface
 
-    from precompile.integrations.vllm import PrecompileAdaptor
+    from precompile.integrations.vllm.adaptor import PrecompileAdaptor
 
     assert issubclass(PrecompileAdaptor, CompilerInterface)
     for name in ("initialize_cache", "compute_hash", "compile", "load"):
@@ -48,7 +48,7 @@ def test_platform_plugin_and_backend_entry_points(tmp_path):
 
     assert "precompile" in torch._dynamo.list_backends(exclude_tags=())
     assert [ep.value for ep in entry_points(group="vllm.platform_plugins") if ep.name == "precompile"] == [
-        "precompile.integrations.vllm_platform:platform_plugin"]
+        "precompile.integrations.vllm.platform:platform_plugin"]
     # a fresh process: vLLM resolves its platform once per process
     code = (
         "import json\n"
@@ -96,7 +96,7 @@ def test_registry_modelinfo_travels_through_the_cache(tmp_path):
     from precompile.store import record
 
     assert [ep.value for ep in entry_points(group="vllm.general_plugins") if ep.name == "precompile_registry"] == [
-        "precompile.integrations.vllm_registry:register"]
+        "precompile.integrations.vllm.registry:register"]
     cache = "file://" + str(tmp_path / "pc")
 
     def inspect_on(machine: str) -> dict:

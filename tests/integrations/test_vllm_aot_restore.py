@@ -1,12 +1,12 @@
-"""Restoring vLLM's AOT artifact from the cache (precompile.integrations.vllm_aot, no vLLM needed): an entry stored
+"""Restoring vLLM's AOT artifact from the cache (precompile.integrations.vllm.aot, no vLLM needed): an entry stored
 as refused (a function that cannot be stored whole, and why) has no AOT artifact; it was written to vLLM's path as
 an empty file and counted as a hit (a second probe of issue 30).  It is a miss now, and nothing is written."""
 
 from __future__ import annotations
 
-from cache_backends.local import LocalCache
+from cache_backends.local.cache import LocalCache
 from precompile.function import store
-from precompile.integrations import vllm_aot
+from precompile.integrations.vllm import aot as vllm_aot
 
 KEY = "ab" * 32
 

@@ -18,8 +18,8 @@ import pytest
 from _probe import assert_refused, probe, zstd_bomb
 
 from cache_backends import open_cache
-from cache_backends.local import LocalCache
-from cache_backends.redis_codec import MAGIC
+from cache_backends.local.cache import LocalCache
+from cache_backends.redis.codec import MAGIC
 from precompile.artifact import trust
 
 GiB = 1 << 30

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from cache_backends import open_cache
-from cache_backends.local import LocalCache
+from cache_backends.local.cache import LocalCache
 from precompile.store.coordination import get_or_build
 
 KEY = "cd" * 32

@@ -15,7 +15,7 @@ import torch
 from conftest import assert_same_output
 
 import precompile
-from cache_backends.local import LocalCache
+from cache_backends.local.cache import LocalCache
 from precompile.errors import ArtifactFormatError, InputMismatchError, UnserializableGraphError
 
 

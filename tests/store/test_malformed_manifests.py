@@ -14,7 +14,7 @@ import shutil
 from _probe import probe
 from test_bounded_loads import LOAD_PROBE, check_rebuilds
 
-from cache_backends.local import LocalCache
+from cache_backends.local.cache import LocalCache
 from precompile.artifact.manifest import Manifest
 
 

@@ -13,7 +13,7 @@ import torch
 from conftest import assert_same_output, spawn_python, without_root_powers
 
 import precompile
-from cache_backends.local import LocalCache
+from cache_backends.local.cache import LocalCache
 
 
 def tree(root: Path) -> dict[str, tuple[int, int]]:

@@ -76,7 +76,7 @@ def drop_ident(path: Path, st: os.stat_result | None) -> tuple[int, int] | None:
 
 class LocalFilesMixin:
     """Bounded blob reads, atomic writes, checked removals, the read-only switch and the ref-file scan of a
-    :class:`~cache_backends.local.LocalCache` (which provides ``root``, ``read_only``, ``_read_only_reason``,
+    :class:`~cache_backends.local.cache.LocalCache` (which provides ``root``, ``read_only``, ``_read_only_reason``,
     ``_tmp_dir``, ``_ref_dir``, ``_blob_path`` and ``_count``)."""
 
     root: Path

@@ -1,6 +1,6 @@
 """Listing, checking and deleting what a Redis cache stores, for ``precompile verify`` and ``precompile gc``.
 
-The methods of :class:`UpkeepMixin` are part of :class:`cache_backends.redis_cache.RedisCache`, which provides
+The methods of :class:`UpkeepMixin` are part of :class:`cache_backends.redis.cache.RedisCache`, which provides
 ``_talk``, the key names, ``_fetch_chunks``, ``_each_chunk``, ``_release`` and ``chunk_bytes``.  Nothing here is
 on a load's path.
 """
@@ -10,15 +10,15 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from cache_backends import redis_codec as codec
+from cache_backends.redis import codec
 from cache_backends.base import HEX64, StoredBlob, StoredRef, check_name
 from cache_backends.bounded import MAX_BLOB_BYTES, MAX_REF_BYTES
-from cache_backends.redis_blobs import WRONG_TYPE, execute
+from cache_backends.redis.blobs import WRONG_TYPE, execute
 from precompile.errors import InputLimitError
 
 
 class UpkeepMixin:
-    """verify/gc support of :class:`cache_backends.redis_cache.RedisCache`."""
+    """verify/gc support of :class:`cache_backends.redis.cache.RedisCache`."""
 
     supports_upkeep = True
 

@@ -1,4 +1,4 @@
-"""Dynamo's recording of a frame into a precompile package (:mod:`precompile.inductor.dynamo_pkg`), patched to
+"""Dynamo's recording of a frame into a precompile package (:mod:`precompile.inductor.dynamo.pkg`), patched to
 store what library code makes, and a count of the frames Dynamo traces.
 
 :func:`package_class` is torch's ``CompilePackage`` with the changes its docstring lists; :func:`patch_dynamo`

@@ -186,7 +186,7 @@ def restore(entry: Any, module_hash: str) -> bool:
     except Exception as err:  # noqa: BLE001 - a cache failure leaves vLLM's own behaviour
         log.warning("precompile could not read vLLM's modelinfo record (%s: %s)", type(err).__name__, err)
         return False
-    from precompile.integrations.vllm_aot import write_for_vllm
+    from precompile.integrations.vllm.aot import write_for_vllm
 
     path = os.path.join(entry._get_cache_dir(), entry._get_cache_filename())
     if not write_for_vllm(path, json.dumps({"hash": module_hash, "modelinfo": modelinfo}, indent=2).encode(),

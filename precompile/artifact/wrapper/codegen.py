@@ -1,7 +1,7 @@
-"""A checked wrapper graph (:mod:`precompile.artifact.wrapper_graph`) turned into its callable: Python generated here,
+"""A checked wrapper graph (:mod:`precompile.artifact.wrapper.graph`) turned into its callable: Python generated here,
 from the checked data, as FX's own code generation would write it; nothing of the stored text is executed.  Views,
 allocations and size arithmetic whose bounds the graph does not fix are checked once per call
-(:mod:`precompile.artifact.wrapper_bounds`)."""
+(:mod:`precompile.artifact.wrapper.bounds`)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from typing import Any
 
 import torch
 
-from precompile.artifact import wrapper_bounds as bounds
+from precompile.artifact.wrapper import bounds
 from precompile.artifact.graph_json import decode_arg
-from precompile.artifact.wrapper_graph import WrapperGraphError, _target, check
+from precompile.artifact.wrapper.graph import WrapperGraphError, _target, check
 
 
 def build(data: Any, launch: Callable[..., Any] | None = None) -> Callable[..., Any]:
@@ -22,7 +22,7 @@ def build(data: Any, launch: Callable[..., Any] | None = None) -> Callable[..., 
     line per node calling its allowed target (bound by position, never by a stored name), constants bound as
     values, and each intermediate released after its last use, so buffers are freed as early as in Inductor's
     Python wrapper.  Nothing of the stored text is executed.  A view, allocation or size computation that
-    :func:`check` could not prove in bounds calls its checked form (:mod:`precompile.artifact.wrapper_bounds`),
+    :func:`check` could not prove in bounds calls its checked form (:mod:`precompile.artifact.wrapper.bounds`),
     and a placeholder a kernel takes as a pointer is checked to be a tensor, once per call; those checks raise
     :class:`WrapperGraphError` from the call.
 
@@ -84,7 +84,7 @@ def build(data: Any, launch: Callable[..., Any] | None = None) -> Callable[..., 
 
 
 def _checked(i: int, how: tuple[Any, ...], spec: dict[str, Any], target: Any, scope: dict[str, Any]) -> str:
-    """The call of node ``i`` in its checked form (:func:`precompile.artifact.wrapper_bounds.analyze`'s ``how``)."""
+    """The call of node ``i`` in its checked form (:func:`precompile.artifact.wrapper.bounds.analyze`'s ``how``)."""
     args = [_render(v, scope) for v in spec["args"]]
     kwargs = [f"{k}={_render(v, scope)}" for k, v in spec["kwargs"].items()]
     if how[0] == "view":
@@ -102,7 +102,7 @@ def _checked(i: int, how: tuple[Any, ...], spec: dict[str, Any], target: Any, sc
 
 
 def _view_of(size: list[int], stride: list[int], offset: int, need: int) -> Any:
-    """``view(base)``: :func:`~precompile.artifact.wrapper_bounds.checked_view` with constant values."""
+    """``view(base)``: :func:`~precompile.artifact.wrapper.bounds.checked_view` with constant values."""
     def view(base: Any) -> torch.Tensor:
         return bounds.checked_view(base, size, stride, offset, need)
 

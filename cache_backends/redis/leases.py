@@ -6,7 +6,7 @@ from __future__ import annotations
 import secrets
 
 from cache_backends.base import check_name
-from cache_backends.redis_failover import retrying
+from cache_backends.redis.failover import retrying
 
 #: Compare-and-delete and compare-and-renew of a lease (the Redlock pattern for one instance,
 #: https://redis.io/docs/latest/develop/use/patterns/distributed-locks/).
@@ -24,7 +24,7 @@ ACQUIRE_LUA = ("if redis.call('pttl', KEYS[1]) == -1 then redis.call('del', KEYS
 
 
 class LeasesMixin:
-    """The lease methods of :class:`cache_backends.redis_cache.RedisCache` (which provides ``_talk``,
+    """The lease methods of :class:`cache_backends.redis.cache.RedisCache` (which provides ``_talk``,
     ``_lease_key``, ``lease_ttl_s`` and the registered scripts ``_acquire``, ``_renew`` and ``_release``)."""
 
     def acquire_lease(self, key: str, ttl_s: float | None = None) -> str | None:

@@ -24,15 +24,15 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from cache_backends.redis_health import Breaker, server_key
+from cache_backends.redis.health import Breaker, server_key
 from precompile.errors import CacheError
 
 log = logging.getLogger("precompile.cache")
 
 
 class ReplicasMixin:
-    """The replica pass of :meth:`~cache_backends.redis_blobs.BlobsMixin.get_blobs`, for a
-    :class:`~cache_backends.redis_cache.RedisCache` (which provides ``url``, ``down_s``, ``_talk``, ``_read_blobs``,
+    """The replica pass of :meth:`~cache_backends.redis.blobs.BlobsMixin.get_blobs`, for a
+    :class:`~cache_backends.redis.cache.RedisCache` (which provides ``url``, ``down_s``, ``_talk``, ``_read_blobs``,
     ``_count`` and ``_warn_once``)."""
 
     url: str

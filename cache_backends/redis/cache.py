@@ -26,23 +26,23 @@ read-only the same way, with one warning.
 
 Unreachable or stalled servers raise :class:`CacheUnavailableError` after one ``timeout`` (a reset connection
 is retried once; a timeout never is), and every cache of the process on that server then fails fast for
-``down_s`` seconds (a circuit breaker shared by the process: :mod:`cache_backends.redis_health`), so a worker
+``down_s`` seconds (a circuit breaker shared by the process: :mod:`cache_backends.redis.health`), so a worker
 whose Redis is gone pays one timeout, not one per blob or per call.  Counter increments are queued and sent by a
 background thread, so counting never waits on the network.
 
 In a Redis Cluster, an operation that fails the way a failover makes it fail (a master gone, its replica not yet
 promoted) is retried with backoff for up to ``retry_s`` seconds before the breaker trips
-(:mod:`cache_backends.redis_failover`), and blobs are read from a random node of their slot, master or replica,
-then from the master where that copy is missing or damaged (:mod:`cache_backends.redis_replicas`).
+(:mod:`cache_backends.redis.failover`), and blobs are read from a random node of their slot, master or replica,
+then from the master where that copy is missing or damaged (:mod:`cache_backends.redis.replicas`).
 
 Every count and length read from Redis is bounded: a chunk count is trusted only as far as chunks exist (a
 garbled head claiming four billion chunks costs one round trip, not a four-billion-entry list), a blob is read
 only up to the reader's ``max_bytes`` (:mod:`cache_backends.bounded`), a frame never inflates past it, and a ref
 is read with ``GETRANGE`` up to :data:`~cache_backends.bounded.MAX_REF_BYTES`.
 
-The URL and its options are parsed in :mod:`cache_backends.redis_url`, the stored head and chunk format in
-:mod:`cache_backends.redis_codec`; blobs are read and written in :mod:`cache_backends.redis_blobs`, counters in
-:mod:`cache_backends.redis_counters`, build leases in :mod:`cache_backends.redis_leases`.
+The URL and its options are parsed in :mod:`cache_backends.redis.url`, the stored head and chunk format in
+:mod:`cache_backends.redis.codec`; blobs are read and written in :mod:`cache_backends.redis.blobs`, counters in
+:mod:`cache_backends.redis.counters`, build leases in :mod:`cache_backends.redis.leases`.
 """
 
 from __future__ import annotations
@@ -59,15 +59,15 @@ import redis.exceptions as rex
 
 from cache_backends.base import HEX64, MISS, Cache, _Miss, check_name
 from cache_backends.bounded import MAX_REF_BYTES
-from cache_backends.redis_blobs import WRONG_TYPE, BlobsMixin, execute
-from cache_backends.redis_counters import CountersMixin
-from cache_backends.redis_failover import FailoverPending, current_deadline, is_failover, retrying
-from cache_backends.redis_health import Breaker, CounterSink, server_key
-from cache_backends.redis_leases import ACQUIRE_LUA, RELEASE_LUA, RENEW_LUA, LeasesMixin
-from cache_backends.redis_replicas import ReplicasMixin
-from cache_backends.redis_upkeep import UpkeepMixin
-from cache_backends.redis_url import DOWN_ERRORS as _DOWN_ERRORS
-from cache_backends.redis_url import open_client
+from cache_backends.redis.blobs import WRONG_TYPE, BlobsMixin, execute
+from cache_backends.redis.counters import CountersMixin
+from cache_backends.redis.failover import FailoverPending, current_deadline, is_failover, retrying
+from cache_backends.redis.health import Breaker, CounterSink, server_key
+from cache_backends.redis.leases import ACQUIRE_LUA, RELEASE_LUA, RENEW_LUA, LeasesMixin
+from cache_backends.redis.replicas import ReplicasMixin
+from cache_backends.redis.upkeep import UpkeepMixin
+from cache_backends.redis.url import DOWN_ERRORS as _DOWN_ERRORS
+from cache_backends.redis.url import open_client
 from precompile.errors import CacheError, CacheReadOnlyError, CacheUnavailableError
 
 __all__ = ["RedisCache"]
@@ -93,9 +93,9 @@ class RedisCache(ReplicasMixin, BlobsMixin, CountersMixin, LeasesMixin, UpkeepMi
     a hit refreshes it; default none), ``chunk_size`` (bytes, ``4MiB`` style accepted; default 4 MiB),
     ``read_only`` (1/0), ``cluster`` (1: Redis Cluster through ``redis.cluster.RedisCluster``),
     ``replica_reads`` (1/0, cluster only, default 1: blob heads and chunks are read from a random node of their
-    slot, master or replica, and from the master where a replica lacks them; :mod:`cache_backends.redis_replicas`),
+    slot, master or replica, and from the master where a replica lacks them; :mod:`cache_backends.redis.replicas`),
     ``retry_s`` (seconds an operation keeps retrying through a cluster failover, with backoff; default 10 for a
-    cluster, 0 for one server; :mod:`cache_backends.redis_failover`), ``nodes`` (cluster only: more nodes to ask
+    cluster, 0 for one server; :mod:`cache_backends.redis.failover`), ``nodes`` (cluster only: more nodes to ask
     for the slot map, ``host:port`` separated by commas, so that a worker starting while the URL's node is down
     still opens the cache),
     ``lease_ttl`` (seconds a build lease lives unless renewed; default 30), ``wait`` (seconds a worker waits for
@@ -187,7 +187,7 @@ class RedisCache(ReplicasMixin, BlobsMixin, CountersMixin, LeasesMixin, UpkeepMi
               deadline: float | None = None) -> Iterator[None]:
         """Run Redis commands; map redis-py errors to :class:`CacheError` and trip the breaker when down.
 
-        Inside a :func:`~cache_backends.redis_failover.retrying` call (or with an explicit ``deadline``, for a helper
+        Inside a :func:`~cache_backends.redis.failover.retrying` call (or with an explicit ``deadline``, for a helper
         thread), an error a cluster failover causes raises ``FailoverPending`` until the deadline, so that the call
         runs again.  With ``replica`` (a read from the replica client), errors trip the replicas' own breaker only
         and are logged at debug level: the caller reads from the masters instead."""

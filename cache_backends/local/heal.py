@@ -63,7 +63,7 @@ def displace(path: Path, tmp_dir: Path) -> str | None:
 
 
 def heal(cache: Any, path: Path, what: str) -> None:
-    """Free ``path`` of a :class:`~cache_backends.local.LocalCache` (``cache``) before a write (:func:`displace`),
+    """Free ``path`` of a :class:`~cache_backends.local.cache.LocalCache` (``cache``) before a write (:func:`displace`),
     logged (a warning naming ``what``) and counted under the cache's ``errors``.
 
     Raises:

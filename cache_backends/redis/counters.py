@@ -1,7 +1,7 @@
 """The fleet-wide counters of a Redis cache: a hash (``P:counters``) updated with HINCRBY.
 
 Increments are queued and sent in batches by one background thread per server and hash
-(:class:`cache_backends.redis_health.CounterSink`), so counting never waits on the network; counts a cache may
+(:class:`cache_backends.redis.health.CounterSink`), so counting never waits on the network; counts a cache may
 not write (read-only without ``counters=1``, or denied) stay in the process and are shown by ``counters()``.
 """
 
@@ -21,7 +21,7 @@ log = logging.getLogger("precompile.cache")
 
 
 class CountersMixin:
-    """``incr``, ``flush`` and ``counters`` of a :class:`~cache_backends.redis_cache.RedisCache` (which provides
+    """``incr``, ``flush`` and ``counters`` of a :class:`~cache_backends.redis.cache.RedisCache` (which provides
     ``client``, ``url``, ``write_counters``, ``_counters_key``, ``_sink``, ``_pending``, ``_lock``, ``_talk`` and
     ``_turn_read_only``)."""
 
@@ -39,7 +39,7 @@ class CountersMixin:
 
     def incr(self, **counts: int) -> None:
         """Add to the fleet-wide counters (HINCRBY on ``P:counters``).  Never raises and never waits on the
-        network: the counts are queued for this server's sender thread (:class:`~cache_backends.redis_health.
+        network: the counts are queued for this server's sender thread (:class:`~cache_backends.redis.health.
         CounterSink`), which sends them in batches.  Counts that may not be written (read-only without
         ``counters=1``, or denied) stay in this process and are shown by :meth:`counters`."""
         new: Counter[str] = Counter()

@@ -7,7 +7,7 @@ platforms name ``"inductor"`` there.  On CPU, ``CpuPlatform.check_and_update_con
 plugin's platform is the built-in one vLLM detects (CPU, CUDA, ROCm, XPU...) with two changes, both only when
 the backend is ``"precompile"``:
 
-- ``get_compile_backend()`` names :class:`precompile.integrations.vllm.PrecompileAdaptor`;
+- ``get_compile_backend()`` names :class:`precompile.integrations.vllm.adaptor.PrecompileAdaptor`;
 - after the built-in ``check_and_update_config``, the mode the user had (``VLLM_COMPILE``: piecewise graphs x
   compile ranges) and the backend ``"precompile"`` are put back; every other setting it made is kept.
 
@@ -15,7 +15,7 @@ With any other backend it behaves exactly like the built-in platform.  It stays 
 platform as usual) when ``PRECOMPILE_VLLM_PLATFORM=0``, when another out-of-tree platform plugin is installed
 (vLLM allows only one), or when vLLM detects no platform.  This is the one place that adjusts vLLM's
 configuration.  (The adaptor wraps one function of vLLM's compile path, its AOT artifact load: see
-:mod:`precompile.integrations.vllm_aot`.)
+:mod:`precompile.integrations.vllm.aot`.)
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Any
 
 log = logging.getLogger("precompile")
 
-ADAPTOR = "precompile.integrations.vllm.PrecompileAdaptor"
+ADAPTOR = "precompile.integrations.vllm.adaptor.PrecompileAdaptor"
 BACKEND = "precompile"
 PREFIX = "Precompile"
 #: vLLM modules that hold built-in platform classes (searched by class name).
@@ -107,7 +107,7 @@ def wrap_platform(base: type) -> type:
                 # vLLM's "mega" AOT artifact bundles the pieces' Inductor artifacts from vLLM's own adaptor; with
                 # this adaptor it has none and does not load back.  The plain AOT artifact (Dynamo's output and the
                 # graph) loads, re-splits and asks the adaptor for each piece: precompile's keys decide, and
-                # precompile.integrations.vllm_aot keeps the file in precompile's cache.  Set here, the engine's
+                # precompile.integrations.vllm.aot keeps the file in precompile's cache.  Set here, the engine's
                 # processes inherit it.
                 log.info("precompile: VLLM_USE_MEGA_AOT_ARTIFACT=0 (precompile's cache serves the pieces)")
                 os.environ["VLLM_USE_MEGA_AOT_ARTIFACT"] = "0"

@@ -1,7 +1,7 @@
 """The blobs of a Redis cache: heads and chunks written chunks first, head last; pipelined, verified reads.
 
-The key layout, the head format and the bounds on what is read are in :mod:`cache_backends.redis_cache`'s and
-:mod:`cache_backends.redis_codec`'s docstrings.  A head or chunk that is missing, garbled or does not hash right is
+The key layout, the head format and the bounds on what is read are in :mod:`cache_backends.redis.cache`'s and
+:mod:`cache_backends.redis.codec`'s docstrings.  A head or chunk that is missing, garbled or does not hash right is
 a miss, counted under ``errors``, and deleted (unless read-only) so the next writer replaces it; so is a key of
 another type (a hash, a list...) in a head's or a chunk's place, which a writer also replaces.
 """
@@ -15,10 +15,10 @@ from typing import Any
 
 import zstandard
 
-from cache_backends import redis_codec as codec
+from cache_backends.redis import codec
 from cache_backends.base import MISS, Bounds, _Miss, blob_bound, check_name, digest_bytes
-from cache_backends.redis_codec import PIPELINE_BYTES, RAW_IF_SAVING_BELOW
-from cache_backends.redis_failover import current_deadline, retrying
+from cache_backends.redis.codec import PIPELINE_BYTES, RAW_IF_SAVING_BELOW
+from cache_backends.redis.failover import current_deadline, retrying
 from precompile.errors import CacheError, InputLimitError
 
 log = logging.getLogger("precompile.cache")
@@ -79,7 +79,7 @@ class BlobsRead:
 
 
 class BlobsMixin:
-    """``get_blob(s)``, ``has_blob(s)``, ``put_blob`` of a :class:`~cache_backends.redis_cache.RedisCache` (which
+    """``get_blob(s)``, ``has_blob(s)``, ``put_blob`` of a :class:`~cache_backends.redis.cache.RedisCache` (which
     provides ``client``, ``url``, ``ttl_s``, ``chunk_bytes``, ``level``, ``read_only``, the key functions, ``_talk``
     and ``_count``)."""
 

@@ -93,7 +93,7 @@ class FetchLock:
 
 
 class LocalFetchMixin:
-    """``fetch_lock`` of a :class:`~cache_backends.local.LocalCache` (which provides ``_lock_dir``, ``read_only`` and
+    """``fetch_lock`` of a :class:`~cache_backends.local.cache.LocalCache` (which provides ``_lock_dir``, ``read_only`` and
     ``fetch_wait_s``)."""
 
     _lock_dir: Path

@@ -1,4 +1,4 @@
-"""What every :class:`~cache_backends.redis_cache.RedisCache` of one process shares about one Redis server: its
+"""What every :class:`~cache_backends.redis.cache.RedisCache` of one process shares about one Redis server: its
 circuit breaker and its unsent counter increments.
 
 Callers open a new cache per URL (``standalone_compile(cache="redis://...")`` does, on every call), so state that

@@ -11,19 +11,19 @@ Format: :func:`precompile.artifact.graph_json.graph_to_json`'s (``{"schema", "no
 "kwargs"}], "submodules": {}}``, nodes referenced by position), restricted by :func:`check`:
 
 - ops: ``placeholder``, ``call_function``, ``output`` (exactly one, last); no submodules, attributes or methods;
-- targets: a positive allow-list (:mod:`precompile.artifact.wrapper_ops`, each entry with why it stays inside
+- targets: a positive allow-list (:mod:`precompile.artifact.wrapper.ops`, each entry with why it stays inside
   the storages it is given): the ATen overloads of :data:`ALLOWED_OPS` (``{"op": "aten::addmm.out"}``; looked up
   on ``torch.ops``, nothing imported), the functions of :data:`ALLOWED_FUNCTIONS` (``{"fn": "torch:empty_strided"}``,
   ``torch:as_strided``, ``getitem``, size arithmetic), and ``{"hop": "triton_kernel_wrapper_mutation"}``, which the
-  loader binds to its own launcher of the artifact's cubins (:func:`precompile.artifact.wrapper_codegen.build`'s
+  loader binds to its own launcher of the artifact's cubins (:func:`precompile.artifact.wrapper.codegen.build`'s
   ``launch``);
 - arguments: JSON values, references to earlier nodes, dtypes, devices, layouts, memory formats, sizes, slices,
   tuples and dicts with string or int keys; nothing else; each function's arguments in the form the converter
-  writes them (:mod:`precompile.artifact.wrapper_bounds`);
+  writes them (:mod:`precompile.artifact.wrapper.bounds`);
 - bounds: at most :data:`MAX_NODES` nodes, nesting depth :data:`MAX_DEPTH`, :data:`MAX_ITEMS` items per list or
   dict, strings of at most :data:`MAX_STRING` characters, node and placeholder names that are identifiers; every
   view inside the storage it views and every allocation's sizes non-negative and within int64
-  (:mod:`precompile.artifact.wrapper_bounds`: at load where the values are constants, else once per call).
+  (:mod:`precompile.artifact.wrapper.bounds`: at load where the values are constants, else once per call).
 
 What a graph like this still does: allocate memory, call the listed ATen kernels, and launch the artifact's cubins
 with tensors of the graph as their pointers; a malicious cubin's effects on the GPU are not contained
@@ -40,8 +40,8 @@ import torch
 import torch.fx
 
 from precompile.artifact.graph_json import GRAPH_SCHEMA, TORCH_NAMES, graph_to_json
-from precompile.artifact.wrapper_bounds import Value, analyze
-from precompile.artifact.wrapper_ops import (ALLOWED_FUNCTIONS, ALLOWED_OPS, ARITHMETIC, TRITON_LAUNCH,
+from precompile.artifact.wrapper.bounds import Value, analyze
+from precompile.artifact.wrapper.ops import (ALLOWED_FUNCTIONS, ALLOWED_OPS, ARITHMETIC, TRITON_LAUNCH,
                                              WrapperGraphError, lookup_op)
 
 __all__ = ["ALLOWED_FUNCTIONS", "ALLOWED_OPS", "MAX_DEPTH", "MAX_ITEMS", "MAX_NODES", "MAX_STRING", "TRITON_LAUNCH",
@@ -69,8 +69,8 @@ def check(data: Any) -> tuple[list[Value], dict[int, Any]]:
     """Check a stored wrapper graph against the format (module docstring) without building anything.
 
     Returns:
-        :func:`precompile.artifact.wrapper_bounds.analyze`'s ``(values, checks)``: what each node's result is,
-        and the nodes to check at call time (what :func:`precompile.artifact.wrapper_codegen.build` generates).
+        :func:`precompile.artifact.wrapper.bounds.analyze`'s ``(values, checks)``: what each node's result is,
+        and the nodes to check at call time (what :func:`precompile.artifact.wrapper.codegen.build` generates).
 
     Raises:
         WrapperGraphError: naming the first node or value that is not allowed, and why (a target outside the

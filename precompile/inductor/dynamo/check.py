@@ -14,7 +14,7 @@ import re
 import sys
 from typing import Any
 
-from precompile.inductor.dynamo_pkg import restore
+from precompile.inductor.dynamo.pkg import restore
 
 #: A global Dynamo named by an object's ``id()`` in the building process (``install_global_by_id``,
 #: ``{prefix}_{id}_c{compile id}``): absent from every other process.
@@ -23,7 +23,7 @@ _GLOBAL = re.compile(r"G\['([^']*)'\]")
 
 
 def check_installable(data: bytes) -> None:
-    """Rebuild every guard tree of the record :func:`precompile.inductor.dynamo_pkg.dump` wrote, from its
+    """Rebuild every guard tree of the record :func:`precompile.inductor.dynamo.pkg.dump` wrote, from its
     unpickled state, as ``CompilePackage.install`` does; and check that no guard or stored bytecode reads a global
     named by a process-local ``id()``.  Frames left out of the record are skipped (they are traced at run time).
 

@@ -3,7 +3,7 @@
 When a master dies, its slots answer nothing (connections refused or reset, ``CLUSTERDOWN``, slots not covered,
 a demoted master's ``READONLY``) until the cluster promotes one of its replicas: about ``cluster-node-timeout``
 plus a second.  redis-py's cluster client reloads the slot map on such errors but retries at once, without
-waiting, so on its own it gives up long before the promotion.  A :class:`~cache_backends.redis_cache.RedisCache`
+waiting, so on its own it gives up long before the promotion.  A :class:`~cache_backends.redis.cache.RedisCache`
 method marked :func:`retrying` runs again, after a pause that doubles from :data:`FIRST_PAUSE_S` to
 :data:`MAX_PAUSE_S` (with jitter, so that a fleet does not retry in step), until it succeeds or its cache's
 ``retry_s`` seconds have passed; only then is the server marked down (the breaker) and the call fails with

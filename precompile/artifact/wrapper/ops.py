@@ -4,7 +4,7 @@ write outside the storages of the tensors it is given.
 
 The argument for the whole graph is inductive.  Every tensor a graph holds is a caller's input, a fresh allocation
 (``torch.empty_strided``, sized by ATen), a view whose size, stride and offset were checked against its base's
-storage (:mod:`precompile.artifact.wrapper_bounds`), or the result of an ATen operator below.  Each ATen operator
+storage (:mod:`precompile.artifact.wrapper.bounds`), or the result of an ATen operator below.  Each ATen operator
 below checks its operands' sizes against each other and reads and writes only within the extents of the tensors
 it is given (its ``out=`` tensor is resized by ATen, which only ever grows a storage), so what it returns or writes
 lies inside storages too.  No target below makes a view without a check, takes a ``Storage``, an address or a
@@ -34,7 +34,7 @@ class WrapperGraphError(ArtifactFormatError):
 
 #: Python functions a wrapper graph may call, by the name :func:`precompile.artifact.graph_json.graph_to_json`
 #: stores. ``empty_strided`` allocates (ATen sizes the storage, with an overflow check); ``as_strided`` is the
-#: converter's only view, built only through :mod:`precompile.artifact.wrapper_bounds`'s check; ``getitem`` takes
+#: converter's only view, built only through :mod:`precompile.artifact.wrapper.bounds`'s check; ``getitem`` takes
 #: one integer index (a tuple's element, or ATen's bounds-checked ``select``); the rest is size arithmetic on
 #: integers, each result checked to fit in int64.
 ALLOWED_FUNCTIONS: dict[str, Callable[..., Any]] = {

@@ -1,7 +1,7 @@
 """Bounds of a wrapper graph's tensors: every view's size, stride and offset checked against the storage it views,
 every allocation's sizes checked, and size arithmetic kept within int64.
 
-:func:`analyze` follows a checked graph (:func:`precompile.artifact.wrapper_graph.check`) node by node and knows,
+:func:`analyze` follows a checked graph (:func:`precompile.artifact.wrapper.graph.check`) node by node and knows,
 for each value, whether it is a tensor, an integer or a tuple, and for a tensor a lower bound of its storage's
 size where the graph itself fixes it (an allocation with constant sizes, and the views and ``out=`` results of
 it; a storage only ever grows, so the bound holds for the whole call).  A view with constant size, stride and
@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from precompile.artifact.graph_json import TORCH_NAMES
-from precompile.artifact.wrapper_ops import ARITHMETIC, WrapperGraphError, lookup_op
+from precompile.artifact.wrapper.ops import ARITHMETIC, WrapperGraphError, lookup_op
 
 #: Values above this (sizes, strides, offsets, byte counts, arithmetic results) are refused: int64's range.
 LIMIT = 1 << 63

@@ -6,7 +6,7 @@ Layout under the root directory (see DESIGN.md, "Cache layout")::
     ref/<artifact key>      a small text file holding one digest (the artifact's manifest); its mtime is the LRU clock
     stats.json              persisted counters (see :data:`cache_backends.base.COUNTERS`)
     locks/                  ``filelock`` lock files (stats.lock, evict.lock; fetch/: one download per host,
-                            :mod:`cache_backends.local_fetch`)
+                            :mod:`cache_backends.local.fetch`)
     tmp/                    files being removed (moved here first, checked, then unlinked)
 
 Every write goes to ``<name>.<uuid4 hex>.incomplete`` beside its target, is flushed and fsynced, then moved into
@@ -50,13 +50,13 @@ from cache_backends.base import (
     digest_bytes,
 )
 from cache_backends.bounded import MAX_REF_BYTES, open_regular
-from cache_backends.local_counters import STATS_LOCK_TIMEOUT_S, LocalCountersMixin  # noqa: F401
-from cache_backends.local_fetch import DEFAULT_FETCH_WAIT_S, LocalFetchMixin
-from cache_backends.local_files import SUSPECT, READ_ONLY_ERRNOS, LocalFilesMixin, drop_ident, lstat_or_none
-from cache_backends.local_heal import heal
-from cache_backends.local_upkeep import (  # noqa: F401 - manifest_blob_digests, the constants: re-exported
+from cache_backends.local.counters import STATS_LOCK_TIMEOUT_S, LocalCountersMixin  # noqa: F401
+from cache_backends.local.fetch import DEFAULT_FETCH_WAIT_S, LocalFetchMixin
+from cache_backends.local.files import SUSPECT, READ_ONLY_ERRNOS, LocalFilesMixin, drop_ident, lstat_or_none
+from cache_backends.local.heal import heal
+from cache_backends.local.upkeep import (  # noqa: F401 - manifest_blob_digests, the constants: re-exported
     EVICT_TARGET_FRACTION, SIZE_RESCAN_S, STALE_TEMP_S, LocalUpkeepMixin, manifest_blob_digests)
-from cache_backends.local_url import make_file_url, parse_file_url
+from cache_backends.local.url import make_file_url, parse_file_url
 from precompile import config
 from precompile.errors import CacheError, CacheUnavailableError, CacheURLError, NotRegularFileError
 
@@ -88,7 +88,7 @@ class LocalCache(LocalUpkeepMixin, LocalCountersMixin, LocalFilesMixin, LocalFet
         create: False to open an existing cache only (commands that read or tidy one): a missing ``root`` is an
             error and no directory is created.
         fetch_wait_s: seconds a process waits for another process of the host to fetch blobs into this cache from
-            a remote tier (:mod:`cache_backends.local_fetch`); 0: no per-host fetch lock.
+            a remote tier (:mod:`cache_backends.local.fetch`); 0: no per-host fetch lock.
 
     Raises:
         CacheUnavailableError: ``root`` exists and is not a directory, or cannot be created for a reason other

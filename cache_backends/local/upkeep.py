@@ -1,5 +1,5 @@
 """Size, eviction, fsck, and the listing/checking/deleting that ``precompile verify`` and ``gc`` use, for
-:class:`cache_backends.local.LocalCache` (which provides the paths, the locks, the counters and the atomic
+:class:`cache_backends.local.cache.LocalCache` (which provides the paths, the locks, the counters and the atomic
 remove helpers).  Plan-then-execute everywhere: refs go first, blobs only when no ref on disk keeps them alive
 and they are older than the grace period, so a crash never leaves a ref pointing at nothing.
 """
@@ -68,7 +68,7 @@ def manifest_blob_digests(manifest: bytes) -> list[str]:
 
 
 class LocalUpkeepMixin:
-    """Eviction and upkeep of :class:`cache_backends.local.LocalCache`."""
+    """Eviction and upkeep of :class:`cache_backends.local.cache.LocalCache`."""
 
     def _scan_blobs(self) -> tuple[dict[str, tuple[Path, os.stat_result]], list[Path]]:
         """``({digest: (path, stat)}, [temp files])`` for everything under ``blob/``."""
