@@ -254,6 +254,28 @@ def set_pyobject_tensor_data_ptr() -> None:
         torch._C._dynamo.guards._torchinductor_pyobject_tensor_data_ptr)
 
 
+def abandon_pool_capture(device: int, pool: tuple[int, int]) -> bool:
+    """Undo the caching allocator's part of a CUDA graph capture into ``pool`` that did not end.
+
+    ``CUDAGraph::capture_begin`` makes the allocator route the capturing stream's allocations to ``pool`` and
+    takes a reference to it; ``capture_end`` stops the routing only after ``cudaStreamEndCapture`` succeeds, and
+    ``reset`` drops the reference only for a capture that ended (aten/src/ATen/cuda/CUDAGraph.cpp, torch
+    2.11-2.13).  A capture that failed leaves both, and the next capture into the same pool then fails with
+    "beginAllocateToPool: already recording to mempool_id".  This does what the two would have done
+    (``endAllocateToPool``, ``releasePool``).
+
+    Returns:
+        True if the allocator was still recording to ``pool`` (and now is not); False if it was not (the
+        capture's end got that far: nothing is undone).
+    """
+    try:
+        torch._C._cuda_endAllocateToPool(device, pool)
+    except RuntimeError:  # "not currently recording to mempool_id": capture_end had stopped it
+        return False
+    torch._C._cuda_releasePool(device, pool)
+    return True
+
+
 def custom_op_def(qualname: str) -> Any:
     """The ``torch.library.custom_op`` definition of operator ``qualname`` (``"ns::name"``), or None."""
     try:

@@ -17,8 +17,9 @@ with the public ``torch.cuda.CUDAGraph`` API, in the same way:
   a tensor the caller holds (Inductor's trees instead return the pool's tensors and fail on a stale access).
 
 Inputs on the CPU, a call while another stream is being captured, and a graph that cannot be captured (it
-synchronizes: logged once) run without a graph.  Calls from several threads take turns on a recorded graph (its
-buffers serve one call at a time).
+synchronizes: logged once) run without a graph.  A capture that fails leaves the process as it was
+(:func:`capture`): the CUDA generator's seed and offset, the caching allocator's pool and the caller's current
+stream.  Calls from several threads take turns on a recorded graph (its buffers serve one call at a time).
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ class CudaGraphRunner:
         self._failed: set[tuple[Any, ...]] = set()
         self._lock = threading.Lock()
         self._pool: Any = None
+        self._stream: Any = None
         self.replays = 0
 
     def __call__(self, *args: Any) -> Any:
@@ -103,12 +105,10 @@ class CudaGraphRunner:
         inputs = [a.clone() if i in copied else a for i, a in enumerate(args)]
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
+            self._stream = torch.cuda.Stream()
         graph = torch.cuda.CUDAGraph()
         try:
-            torch.cuda.synchronize()
-            # thread_local: another thread's CUDA work during the capture is not an error of this capture
-            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-                outputs = self.fn(*inputs)
+            outputs = capture(graph, self.fn, inputs, pool=self._pool, stream=self._stream)
         except Exception as err:  # noqa: BLE001 - a graph that cannot be captured still runs, uncaptured
             self._failed.add(key)
             log.warning("%s cannot be recorded as a CUDA graph (%s: %s); it runs without one", self.name,
@@ -118,6 +118,47 @@ class CudaGraphRunner:
         log.info("%s: recorded CUDA graph %d for inputs %s", self.name, len(self._graphs),
                  [tuple(a.shape) for a in args if isinstance(a, torch.Tensor)][:4])
         return recorded
+
+
+def capture(graph: torch.cuda.CUDAGraph, fn: Callable[..., Any], inputs: list[Any], *, pool: Any,
+            stream: torch.cuda.Stream) -> Any:
+    """Record ``fn(*inputs)`` into ``graph`` on ``stream`` (a side stream, as ``torch.cuda.graph`` uses) sharing
+    ``pool``; returns ``fn``'s outputs (tensors in the graph's pool).
+
+    Unlike ``torch.cuda.graph``, a capture that fails (``fn`` synchronizes, copies to the host, or raises) leaves
+    the process as it was before the call: ``torch.cuda.graph``'s exit raises out of ``capture_end`` before it
+    restores the caller's stream, the CUDA generator stays in capture mode (every later random op fails with
+    "Offset increment outside graph capture encountered unexpectedly", torch 2.11), and the caching allocator
+    keeps recording the capturing stream into ``pool``.  Here the caller's stream is restored by the stream
+    context, the default generator gets back a copy of its state from before the capture (same seed and offset,
+    not capturing: ``Generator.graphsafe_set_state``), and the allocator's part is undone
+    (:func:`precompile.inductor.shim.abandon_pool_capture`).  The capture's error mode is ``thread_local``:
+    another thread's CUDA work during the capture is not an error of this capture.
+
+    Raises:
+        RuntimeError (or whatever ``fn`` raised): the capture failed; the state above is restored first.
+    """
+    from precompile.inductor import shim
+
+    device = torch.cuda.current_device()
+    generator = torch.cuda.default_generators[device]
+    rng = generator.clone_state()
+    caller = torch.cuda.current_stream()
+    torch.cuda.synchronize()
+    stream.wait_stream(caller)
+    try:
+        with torch.cuda.stream(stream):
+            graph.capture_begin(pool=pool, capture_error_mode="thread_local")
+            try:
+                outputs = fn(*inputs)
+            finally:
+                graph.capture_end()
+    except BaseException:
+        generator.graphsafe_set_state(rng)
+        shim.abandon_pool_capture(device, pool)  # a no-op where the capture got as far as ending it
+        raise
+    caller.wait_stream(stream)
+    return outputs
 
 
 def _signature(a: Any) -> Any:

@@ -47,12 +47,29 @@ def test_a_new_shape_records_a_new_graph_and_cpu_inputs_run_directly():
     assert torch.equal(runner(torch.ones(3))[0], torch.full((3,), 3.0))
 
 
-def test_a_graph_that_cannot_be_captured_runs_without_one():
-    def syncs(x):
-        return (x * float(x.sum().item()),)  # a host sync: capture fails
+def test_a_graph_that_cannot_be_captured_runs_without_one_and_leaves_the_process_as_it_was():
+    def syncs_for_five(x):
+        if x.shape[0] == 5:
+            return (x * float(x.sum().item()),)  # a host sync: capture fails
+        return (x * 3,)
 
-    runner = CudaGraphRunner(syncs, name="syncs")
+    runner = CudaGraphRunner(syncs_for_five, name="syncs")
+    stream = torch.cuda.current_stream()
     for _ in range(4):
         x = torch.randn(5, device="cuda")
-        assert torch.equal(runner(x)[0], syncs(x)[0])
+        rng = torch.cuda.get_rng_state()
+        assert torch.equal(runner(x)[0], syncs_for_five(x)[0])
+        # the failed capture left the generator where it was (same seed and offset, not capturing), so random ops
+        # still run and draw what they would have drawn; the caller's stream is still current
+        assert torch.equal(torch.cuda.get_rng_state(), rng)
+        assert torch.cuda.current_stream() == stream
     assert runner.replays == 0 and not runner._graphs
+    torch.cuda.manual_seed(7)
+    a = torch.randn(5, device="cuda")
+    torch.cuda.manual_seed(7)
+    assert torch.equal(torch.randn(5, device="cuda"), a)
+    # the allocator no longer records into the runner's pool: the next signature records a graph into it
+    for _ in range(3):
+        y = torch.randn(6, device="cuda")
+        assert torch.equal(runner(y)[0], y * 3)
+    assert runner.replays == 2 and len(runner._graphs) == 1
