@@ -39,7 +39,8 @@ def kernel_binaries(kernels: list[Kernel]) -> dict[str, bytes]:
 
 
 def fast_plan(result: BuildResult, run_inputs: list[Any] | None, more_inputs: list[list[Any]] = (), *,
-              graph_outputs: tuple[int, bool] | None = None) -> tuple[dict[str, Any] | None, str | None]:
+              graph_outputs: tuple[int, bool] | None = None,
+              unset: frozenset[int] = frozenset()) -> tuple[dict[str, Any] | None, str | None]:
     """Decide whether ``result`` can be loaded by the fast path, and validate it.
 
     Args:
@@ -49,6 +50,8 @@ def fast_plan(result: BuildResult, run_inputs: list[Any] | None, more_inputs: li
             output may alias an input, which Inductor's runtime wrapper would regenerate).
         more_inputs: more input sets to validate on (other sizes of a graph with symbolic shapes).
         graph_outputs: ``(number of outputs, whether one may alias an input)`` of the FX graph.
+        unset: outputs the graph allocates and never writes (:func:`precompile.inductor.runs.unset_outputs`):
+            compared by layout only.
 
     Returns:
         ``(plan, None)`` or ``(None, why the fast path is off)``.  ``plan`` is what a fast load needs besides
@@ -87,7 +90,8 @@ def fast_plan(result: BuildResult, run_inputs: list[Any] | None, more_inputs: li
                                  rewritten=True)
         for i, inputs in enumerate([run_inputs, *more_inputs]):
             # the example run also records the library calls a load may replay (precompile.inductor.prime)
-            differs = _compare(result, fast, inputs, required=i == 0, library_calls=plan if i == 0 else None)
+            differs = _compare(result, fast, inputs, required=i == 0, library_calls=plan if i == 0 else None,
+                               unset=unset)
             if differs:
                 where = "on the example inputs" if i == 0 else f"on validation input set {i} (other sizes)"
                 return None, f"{differs} {where}"
@@ -136,7 +140,7 @@ def _unvalidated_reasons(result: BuildResult, graph_outputs: tuple[int, bool] | 
 
 
 def _compare(result: BuildResult, fast: Any, inputs: list[Any], required: bool,
-             library_calls: dict[str, Any] | None = None) -> str | None:
+             library_calls: dict[str, Any] | None = None, unset: frozenset[int] = frozenset()) -> str | None:
     """Run the fresh callable and the fast one on their own copies of what the graph writes to; None if outputs
     and written inputs are equal bit for bit, else what differs.  An input set that is not ``required`` (made
     up at other sizes) and that the fresh callable itself rejects is skipped.  With ``library_calls`` (a plan),
@@ -158,7 +162,7 @@ def _compare(result: BuildResult, fast: Any, inputs: list[Any], required: bool,
             library_calls["prime"] = calls
     if torch.cuda.is_available():
         torch.cuda.synchronize()
-    why = runs.same_values(want, got)
+    why = runs.same_values(want, got, unset)
     if why:
         return f"outputs differ from the freshly compiled callable ({why})"
     for i in mutated:

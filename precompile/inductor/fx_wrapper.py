@@ -143,7 +143,8 @@ def stored_graph(graph: torch.fx.GraphModule) -> bytes | str:
 def build_wrapper_graph(gm: torch.fx.GraphModule, compile_inputs: list[Any], run_inputs: list[Any],
                         options: dict[str, Any] | None, reference: Any, *, inputs_to_check: list[int],
                         mutated: list[int], cache_dir: str | None = None,
-                        tuned: list[dict[str, Any]] | None = None) -> tuple[bytes, dict[int, bytes]] | str:
+                        tuned: list[dict[str, Any]] | None = None,
+                        unset: frozenset[int] = frozenset()) -> tuple[bytes, dict[int, bytes]] | str:
     """A GPU graph's wrapper as data, validated: ``(wrapper graph JSON, {kernel_idx: .launch blob})``, or why
     the artifact keeps the Python wrapper.
 
@@ -163,6 +164,7 @@ def build_wrapper_graph(gm: torch.fx.GraphModule, compile_inputs: list[Any], run
             Python wrapper.
         tuned: the reference compile's GEMM/convolution benchmark records (:attr:`BuildResult.tuned`), replayed
             so that each tuned op takes the reference's pick (:func:`precompile.inductor.picks.replaying`).
+        unset: outputs the graph never writes (:func:`precompile.inductor.runs.unset_outputs`): layout only.
     """
     from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
 
@@ -192,7 +194,7 @@ def build_wrapper_graph(gm: torch.fx.GraphModule, compile_inputs: list[Any], run
         torch.cuda.synchronize()
     except Exception as err:  # noqa: BLE001
         return f"the wrapper graph failed on the example inputs ({type(err).__name__}: {str(err)[:200]})"
-    why = runs.same_values(list(got), list(want)) or runs.same_values(
+    why = runs.same_values(list(got), list(want), unset) or runs.same_values(
         [a[i] for i in mutated], [b[i] for i in mutated])
     if why:
         return f"the wrapper graph's results differ from the fresh compile's ({why}): its kernels' configs are not " \

@@ -30,9 +30,10 @@ def inputs_for_run(inputs: list[Any], mutated: list[int] | set[int]) -> list[Any
     return [clone_like(x) if i in mutated and isinstance(x, torch.Tensor) else x for i, x in enumerate(inputs)]
 
 
-def same_values(a: Any, b: Any) -> str | None:
+def same_values(a: Any, b: Any, unset: frozenset[int] = frozenset()) -> str | None:
     """None if ``a`` and ``b`` are equal bit for bit (tensors: shape, stride, dtype, device, values; other values:
-    ``==``), else what differs."""
+    ``==``), else what differs.  ``unset``: indices of ``a``/``b`` (lists) whose values the graph leaves unset
+    (:func:`unset_outputs`): only their shape, stride, dtype and device are compared."""
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
         if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
             return f"{type(a).__name__} vs {type(b).__name__}"
@@ -50,8 +51,41 @@ def same_values(a: Any, b: Any) -> str | None:
         if len(a) != len(b):
             return f"{len(a)} vs {len(b)} values"
         for i, (x, y) in enumerate(zip(a, b)):
+            if i in unset and isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
+                x, y = x.new_zeros(()).expand(x.shape), y.new_zeros(()).expand(y.shape)  # layout, not values
+                if x.dtype != y.dtype or x.device != y.device or tuple(a[i].stride()) != tuple(b[i].stride()):
+                    return f"[{i}]: {a[i].dtype} {tuple(a[i].stride())} vs {b[i].dtype} {tuple(b[i].stride())}"
             why = same_values(x, y)
             if why:
                 return f"[{i}]: {why}"
         return None
     return None if a == b else f"{a!r} vs {b!r}"
+
+
+#: Operators whose result has unspecified values (storage the graph allocates and does not write).
+_EMPTY = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "empty_permuted"}
+
+
+def unset_outputs(gm: torch.fx.GraphModule) -> frozenset[int]:
+    """Indices of ``gm``'s outputs that are fresh storage the graph never writes: an ``empty``-like call
+    (``torch.empty``, ``aten.empty.memory_format``, ``x.new_empty(...)``...) that no other node reads.  vLLM's
+    pieces return such a buffer for the attention op that follows them to fill (``unified_attention_with_output``
+    takes its ``output``); its contents are whatever the allocator handed out, so two runs never agree on them."""
+    out = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    values = out.args[0] if isinstance(out.args[0], (list, tuple)) else [out.args[0]]
+    found = set()
+    for i, v in enumerate(values):
+        if not isinstance(v, torch.fx.Node) or len(v.users) != 1:
+            continue
+        if v.op == "call_method":
+            name = v.target
+        elif v.op == "call_function":
+            name = getattr(v.target, "__name__", "")
+            packet = getattr(v.target, "_overloadpacket", None)
+            if packet is not None:
+                name = packet.__name__
+        else:
+            continue
+        if name in _EMPTY:
+            found.add(i)
+    return frozenset(found)
