@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
@@ -29,7 +29,8 @@ log = logging.getLogger("precompile")
 def standalone_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
                        dynamic_shapes: str = "from_example_inputs", options: dict[str, Any] | None = None,
                        cache: str | Cache | None = None, key_extra: dict[str, Any] | None = None,
-                       runnable: bool = True, size_range: tuple[int, int | None] | None = None) -> Artifact:
+                       runnable: bool = True, size_range: tuple[int, int | None] | None = None,
+                       before_build: Callable[[], None] | None = None) -> Artifact:
     """Compile an FX graph with Inductor into a content-hashed :class:`~precompile.loader.artifact.Artifact`.
 
     Args:
@@ -61,6 +62,9 @@ def standalone_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], 
             the guards checked on every call.  vLLM's compile range is one (every dynamic dim of its pieces is
             ``num_tokens``): Dynamo's 0/1 specialization starts a dynamic size at 2, and vLLM runs its graphs at
             1 token all the same.
+        before_build: called once, before Inductor runs, where this call compiles (a miss, or no cache).  A
+            caller whose example inputs are costly to fill (an integration making stand-ins for fake tensors) can
+            pass unfilled tensors of the right layout and fill them here: a hit needs only their layout.
 
     Returns:
         a callable artifact: ``art(*example_inputs)`` returns what ``gm(*example_inputs)`` returns.
@@ -90,6 +94,8 @@ def standalone_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], 
         except CacheError as err:  # e.g. a Redis Cluster down at start: an outage, not a typo
             log.warning("cache %s cannot be opened (%s); compiling without it", cache, err)
     if c is None:
+        if before_build is not None:
+            before_build()
         return build(norm, plan)
 
     def load_stored() -> Artifact | None:
@@ -113,6 +119,8 @@ def standalone_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], 
     def build_and_store() -> Artifact:
         if explain:
             _explain_miss(c, plan)
+        if before_build is not None:
+            before_build()
         art = build(norm, plan)
         safe_incr(c, builds=1)
         if store(c, art):
@@ -207,15 +215,18 @@ def build(norm: NormalizedGraph, plan: Plan) -> Artifact:
                           "at_run_time": ("checked; copied if misaligned" + (
                               ", and the graph's writes copied back" if i in result.mutated_inputs else ""))
                           if assumed else "no assumption"})
+    from precompile.inductor.runs import unset_outputs
+
+    unset = unset_outputs(norm.gm)
     fast, fast_off = fast_plan(result, plan.run_inputs if plan.runnable else None, more_inputs,
-                               graph_outputs=_output_aliases(norm.gm))
+                               graph_outputs=_output_aliases(norm.gm), unset=unset)
     if fast is not None:  # the wrapper as the fast path runs it, imports replaced: loads skip the rewrite
         fast["source"] = put(fast["source"].encode(), "fast wrapper (imports replaced)")
     else:
         log.info("artifact %s loads through the portable path only: %s", plan.key[:12], fast_off)
     parts["fast"] = fast
     no_fast = (fast_off or "not offered") if fast is None else None
-    parts["wrapper_graph"], host_code = _wrapper_graph(norm, plan, result, shapes, put, no_fast)
+    parts["wrapper_graph"], host_code = _wrapper_graph(norm, plan, result, shapes, put, no_fast, unset)
     manifest = Manifest(
         key=plan.key, factors=plan.factors, placeholders=plan.specs, parts=parts, kernels=kernels,
         autotune={"kernels": {k["name"]: k["config"] for k in kernels if k["config"]}, "other": result.autotune,
@@ -233,7 +244,7 @@ def build(norm: NormalizedGraph, plan: Plan) -> Artifact:
 
 
 def _wrapper_graph(norm: NormalizedGraph, plan: Plan, result: Any, shapes: dict[str, Any], put: Any,
-                   no_fast: str | None) -> tuple[dict[str, Any] | None, str | None]:
+                   no_fast: str | None, unset: frozenset[int] = frozenset()) -> tuple[dict[str, Any] | None, str | None]:
     """``(parts.wrapper_graph, build.host_code)``: a CUDA graph's wrapper as data with its kernels' launch blobs,
     validated (:func:`precompile.inductor.fx_wrapper.build_wrapper_graph`), and None; or None and why the
     artifact needs host code (the Python wrapper) to run.  Tried only where the fast path is offered (an
@@ -251,7 +262,7 @@ def _wrapper_graph(norm: NormalizedGraph, plan: Plan, result: Any, shapes: dict[
     with sdpa.priority(plan.sdpa_order):  # the attention backend the artifact's own compile used
         got = build_wrapper_graph(norm.gm, plan.compile_inputs, plan.run_inputs, plan.options, result.compiled_fn,
                                   inputs_to_check=result.inputs_to_check, mutated=result.mutated_inputs,
-                                  cache_dir=result.cache_dir, tuned=result.tuned)
+                                  cache_dir=result.cache_dir, tuned=result.tuned, unset=unset)
     if isinstance(got, str):
         log.info("artifact %s keeps its Python wrapper: %s", plan.key[:12], got)
         return None, got

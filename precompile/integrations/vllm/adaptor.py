@@ -236,13 +236,14 @@ class PrecompileAdaptor(shim.compiler_interface_base()):  # type: ignore[misc]
         self._open()
         single = compile_range[0] == compile_range[1]
         dynamic_shapes = "from_example_inputs" if single else "from_graph"
-        inputs = real_inputs(example_inputs, register=not single)
+        inputs, fill = real_inputs(example_inputs, register=not single, filled=False)
         cache = None if self.disabled else self.cache
         # vLLM runs a range's graph at every size of the range, 1 included, whatever Dynamo's 0/1 specialization
-        # assumed (its runtime skips Dynamo's guards): the range is the artifact's contract
+        # assumed (its runtime skips Dynamo's guards): the range is the artifact's contract.  A hit needs the
+        # inputs' layout only; they are filled (weights included: a piece's worth of random numbers) for a build.
         art = standalone_compile(graph, inputs, dynamic_shapes=dynamic_shapes, options=options, cache=cache,
                                  key_extra=key_extra, runnable=runnable,
-                                 size_range=None if single else compile_range)
+                                 size_range=None if single else compile_range, before_build=fill)
         if cache is None:
             art.outcome = "uncached"
         return art
@@ -326,19 +327,22 @@ class _vllm_compile_context:
         self._stack.close()
 
 
-def real_inputs(example_inputs: list[Any], *, register: bool) -> list[Any]:
-    """Real tensors and ints standing for vLLM's fake example inputs (real inputs are returned as they are).
+def real_inputs(example_inputs: list[Any], *, register: bool,
+                filled: bool = True) -> tuple[list[Any], Callable[[], None]]:
+    """Real tensors and ints standing for vLLM's fake example inputs (real inputs are returned as they are), and a
+    function that fills them.
 
     A SymInt becomes its hint; a fake tensor a real one of the same dtype, device, sizes and strides (symbolic
-    ones at their hints): integers and bools zero, floats normal with seed 0.  With ``register`` (a compile range:
-    ``dynamic_shapes="from_graph"``), the fake tensor's mode is told that the real tensor stands for it, so
-    Inductor sees the graph's symbolic shapes, not the hints.
+    ones at their hints).  Filled (now with ``filled``, else when the returned function is called, once): integers
+    and bools zero, floats normal from a generator seeded with 0, in input order, so a build sees the same values
+    either way.  With ``register`` (a compile range: ``dynamic_shapes="from_graph"``), the fake tensor's mode is
+    told that the real tensor stands for it, so Inductor sees the graph's symbolic shapes, not the hints.
     """
     from torch._prims_common import compute_required_storage_length
     from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 
-    gen = torch.Generator().manual_seed(0)
     out: list[Any] = []
+    storages: list[torch.Tensor] = []
     with unset_fake_temporarily():
         for x in example_inputs:
             if isinstance(x, torch.SymInt):
@@ -348,18 +352,32 @@ def real_inputs(example_inputs: list[Any], *, register: bool) -> list[Any]:
                 stride = [_hint(s) for s in x.stride()]
                 offset = _hint(x.storage_offset())
                 n = compute_required_storage_length(shape, stride, offset)
-                if x.dtype.is_floating_point or x.dtype.is_complex:
-                    base = torch.randn(n, generator=gen, dtype=torch.float32).to(x.dtype)
-                else:
-                    base = torch.zeros(n, dtype=x.dtype)
-                real = base.to(x.device).as_strided(shape, stride, offset)
+                base = torch.empty(n, dtype=x.dtype, device=x.device)
+                storages.append(base)
+                real = base.as_strided(shape, stride, offset)
                 real.requires_grad_(x.requires_grad)
                 if register:
                     x.fake_mode.fake_tensor_converter.set_tensor_memo(real, x)
                 out.append(real)
             else:
                 out.append(x)
-    return out
+    done: list[bool] = []
+
+    def fill() -> None:
+        if done:
+            return
+        done.append(True)
+        gen = torch.Generator().manual_seed(0)
+        with unset_fake_temporarily(), torch.no_grad():
+            for base in storages:
+                if base.dtype.is_floating_point or base.dtype.is_complex:
+                    base.copy_(torch.randn(base.numel(), generator=gen, dtype=torch.float32).to(base.dtype))
+                else:
+                    base.zero_()
+
+    if filled:
+        fill()
+    return out, fill
 
 
 def _hint(value: Any) -> int:
