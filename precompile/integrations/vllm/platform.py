@@ -124,6 +124,8 @@ def wrap_platform(base: type) -> type:
 
         @classmethod
         def check_and_update_config(cls, vllm_config: Any) -> None:
+            from precompile import config as pc_config
+
             cc = vllm_config.compilation_config
             as_inductor = id(vllm_config) in _as_inductor
             _as_inductor.discard(id(vllm_config))
@@ -132,6 +134,8 @@ def wrap_platform(base: type) -> type:
                 log.info("precompile: vLLM's defaults for its Inductor backend apply (custom ops %s)",
                          list(cc.custom_ops))
             wanted, mode = cc.backend == BACKEND, cc.mode
+            if wanted:
+                os.environ[pc_config.VLLM_BACKEND_MARK] = "1"  # for this process and the engine's
             super().check_and_update_config(vllm_config)
             if wanted and os.environ.get("VLLM_USE_MEGA_AOT_ARTIFACT") != "0":
                 # vLLM's "mega" AOT artifact bundles the pieces' Inductor artifacts from vLLM's own adaptor; with
@@ -154,13 +158,17 @@ def wrap_platform(base: type) -> type:
 
         @classmethod
         def get_compile_backend(cls) -> str:
-            try:
-                from vllm.config import get_current_vllm_config
+            # vLLM asks this for a custom backend's compiler (make_compiler) and for the default backend of a
+            # CompilationConfig whose backend is "".  With a current config, its backend decides; without one (vLLM
+            # 0.25 loads its AOT artifact's pieces with none set), whether this process configured "precompile"
+            from precompile import config as pc_config
+            from precompile.integrations.vllm import shim
 
-                backend = get_current_vllm_config().compilation_config.backend
-            except Exception:  # noqa: BLE001 - no current config: the adaptor is what this platform is for
-                backend = BACKEND
-            return ADAPTOR if backend == BACKEND else super().get_compile_backend()
+            config = shim.current_config()
+            backend = getattr(getattr(config, "compilation_config", None), "backend", None)
+            if backend == BACKEND or (config is None and pc_config.vllm_backend_marked()):
+                return ADAPTOR
+            return super().get_compile_backend()
 
     PrecompilePlatform.__name__ = PrecompilePlatform.__qualname__ = PREFIX + base.__name__
     PrecompilePlatform.__module__ = __name__

@@ -90,14 +90,17 @@ def compile_context(stack: ExitStack, compiler_config: dict[str, Any], compile_r
 
 
 def current_config() -> Any:
-    """vLLM's current ``VllmConfig`` (set while vLLM compiles), or None."""
+    """vLLM's current ``VllmConfig`` (set while vLLM builds and compiles the model), or None when none is set.
+
+    Never vLLM's ``get_current_vllm_config()`` without one set: that constructs a default ``VllmConfig``, whose
+    ``CompilationConfig`` asks the platform for its default backend, which asks here again."""
     try:
-        from vllm.config import get_current_vllm_config
+        from vllm.config import get_current_vllm_config_or_none
     except ImportError:
         return None
     try:
-        return get_current_vllm_config()
-    except Exception:  # noqa: BLE001 - vLLM asserts or warns when none is set
+        return get_current_vllm_config_or_none()
+    except Exception:  # noqa: BLE001 - a vLLM whose lookup fails: no config
         return None
 
 
