@@ -14,7 +14,9 @@ of the fleet finds it there:
 - after vLLM writes a new file (its subprocess ran): the same JSON is stored as a record.
 
 It is a ``vllm.general_plugins`` entry point (vLLM loads those early in every process), active where
-:func:`precompile.config.vllm_registry_enabled` says so: by default where ``PRECOMPILE_CACHE`` names a cache.  A
+:func:`precompile.config.vllm_registry_enabled` says so: by default where ``PRECOMPILE_CACHE`` names a cache.  It
+also puts Triton's JIT cache behind precompile's (:mod:`precompile.integrations.triton_cache`), so that vLLM's own
+Triton kernels are compiled once per fleet too.  A
 vLLM without the functions it wraps is left alone.  A cache failure, or any failure of this module, leaves vLLM's
 own behaviour: nothing it does raises into vLLM.
 """
@@ -63,8 +65,10 @@ def _register() -> None:
     except ConfigError as err:
         log.warning("precompile's vLLM registry plugin is inactive: %s", err)
         return
+    from precompile.integrations import triton_cache
     from precompile.integrations.vllm import shim
 
+    triton_cache.install()  # vLLM's own Triton kernels (its model runner's, its sampler's) through the cache too
     _LazyRegisteredModel = shim.modelinfo_registry()
     if _LazyRegisteredModel is None:
         log.info("this vLLM's model registry has no modelinfo cache functions (or vLLM is not importable); "

