@@ -14,11 +14,10 @@ vLLM 0.25's wheel alone is 250 MB.  So:
      by walking each wheel's ``Requires-Dist`` (markers evaluated for that machine) from :data:`WANTED`, skipping
      what the machine has (:data:`DEVICE_HAS`, its package list) and :data:`NEVER` (torch and the CUDA stack it
      brings, and the large optional kernels vLLM imports only for other models or GPUs);
-   - ``redis-server`` and the shared libraries it needs beyond glibc, from this machine (Debian), for the Redis
-     scenarios (the GPU machine has no Redis);
-
    all in one tar, cut into parts of at most ``--part-mib`` (50) MiB under ``.carry/part-NN/``, with
-   ``.carry/MANIFEST.json`` (each part's and the whole's sha256 and size).  It prints the runs to make.
+   ``.carry/MANIFEST.json`` (each part's and the whole's sha256 and size); and, apart, ``redis-server`` and the
+   shared libraries it needs beyond glibc, from this machine (Debian), in ``.carry/redis`` (a few MiB, carried with
+   the last part), for the Redis scenarios (the GPU machine has no Redis).  It prints the runs to make.
 
 2. There, in each run, first: ``python3 tools/vllm_gpu.py receive``: copies the parts that came with this run to
    ``/tmp/vllm-carry`` (each checked against the manifest; a damaged part is refused, named, and sent again); once
@@ -30,6 +29,7 @@ Each run is one line (``device`` tool: ``run(command=..., carry=[".carry/MANIFES
 
     python3 tools/vllm_gpu.py receive && . /tmp/vllm-site/env.sh && python3 tools/bench_vllm.py --device cuda ...
 
+Wheels added after the parts were cut go in ``.carry/extra`` and are installed by the run that carries them.
 ``receive`` with parts still missing exits 0 and says which (a run can carry a part and do other work), so the
 command after it should need vLLM only in the run that brings the last part, or later.  ``python3
 tools/vllm_gpu.py status`` there prints what has arrived.  docs/gpu.md shows a whole session.
@@ -69,10 +69,12 @@ WANTED = ["cbor2", "msgspec", "pyzmq", "openai-harmony", "pybase64", "cachetools
           "diskcache==5.6.3", "lark==1.2.2", "depyf==0.20.0", "python-json-logger", "setproctitle", "ijson",
           "watchfiles", "prometheus-fastapi-instrumentator>=8", "lm-format-enforcer==0.11.3",
           "outlines_core==0.2.14", "jsonschema>=4.23", "pydantic>=2.12", "py-cpuinfo", "gguf",
-          "redis>=5", "zstandard>=0.22", "cryptography>=42"]
+          "redis>=5", "zstandard>=0.22", "cryptography>=42",
+          # xgrammar (imported by vLLM's structured-output module at start) loads its library through TVM's FFI
+          "apache-tvm-ffi>=0.1.15"]
 #: Never carried: the machine's own torch stack, and kernels vLLM imports only for other models, GPUs or front ends.
 NEVER = {"torch", "torchaudio", "torchvision", "triton", "torchcodec", "pynvvideocodec", "flashinfer-python",
-         "flashinfer-cubin", "apache-tvm-ffi", "tilelang", "nvidia-cutlass-dsl", "quack-kernels", "humming-kernels",
+         "flashinfer-cubin", "tilelang", "nvidia-cutlass-dsl", "quack-kernels", "humming-kernels",
          "tokenspeed-mla", "fastsafetensors", "nvidia-cudnn-frontend", "numba", "mistral-common", "anthropic",
          "mcp", "model-hosting-container-standards", "compressed-tensors", "opencv-python-headless", "vllm"}
 #: The GPU machine's Python packages (the device tool's KINDS.md, image 'cuda', read 2026-11-17): never carried.
@@ -164,11 +166,23 @@ def _slim(wheel: Path, out_dir: Path) -> Path:
     return out
 
 
+def pack_redis(dest: Path) -> None:
+    """Copy redis-server, redis-cli and their non-system libraries (:func:`_redis_files`) to ``dest/bin`` and
+    ``dest/lib``: a few MiB, carried with the run that brings the last part (``.carry/redis``)."""
+    if dest.exists():
+        shutil.rmtree(dest)
+    for name, path in _redis_files().items():
+        (dest / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, dest / name)
+        (dest / name).chmod(0o755)
+
+
 def _redis_files() -> dict[str, Path]:
-    """``{name in the bundle: path here}``: redis-server, redis-cli and their non-system libraries."""
+    """``{bin/NAME or lib/NAME: the file here}``: redis-server, redis-cli and their non-system libraries (links
+    resolved: Debian's redis-server is a link to redis-check-rdb)."""
     files = {}
     for binary in REDIS_BINARIES:
-        files[f"bin/{Path(binary).name}"] = Path(binary)
+        files[f"bin/{Path(binary).name}"] = Path(binary).resolve()
         ldd = subprocess.run(["ldd", binary], capture_output=True, text=True, check=True).stdout
         for line in ldd.splitlines():
             parts = line.split("=>")
@@ -203,15 +217,15 @@ def pack(carry: Path, part_mib: int) -> int:
     with tarfile.open(bundle, "w") as tar:
         for w in sorted(wheels.glob("*.whl")):
             tar.add(w, arcname=f"wheels/{w.name}")
-        for arcname, path in _redis_files().items():
-            tar.add(path, arcname=f"redis/{arcname}")
     manifest = _cut(bundle, carry, part_mib, {"vllm": VLLM, "wheels": sorted(w.name for w in wheels.glob("*.whl"))})
     shutil.rmtree(work)
+    pack_redis(carry / "redis")
     print(f"{len(manifest['wheels'])} wheels + redis-server: {manifest['bytes'] / 2**20:.1f} MiB in {len(parts)} parts "
           f"under {carry}")
     for p in parts:
+        last = ', ".carry/redis"' if p is parts[-1] else ""
         print(f'  run(command="python3 tools/vllm_gpu.py receive && ...", '
-              f'carry=[".carry/MANIFEST.json", ".carry/{p["name"]}"])')
+              f'carry=[".carry/MANIFEST.json", ".carry/{p["name"]}"{last}])')
     return len(parts)
 
 
@@ -254,6 +268,9 @@ def receive(carry: Path) -> int:
     """Step 2 of the module docstring; 0 unless a part or the whole fails its check (then 1)."""
     manifest = json.loads((carry / "MANIFEST.json").read_text())
     if (SITE / "env.sh").exists() and json.loads((SITE / "MANIFEST.json").read_text())["sha256"] == manifest["sha256"]:
+        if install_redis(carry / "redis"):
+            print("installed the carried redis-server")
+        install_extra(carry / "extra")
         print("vLLM is installed here already: . /tmp/vllm-site/env.sh")
         return 0
     INBOX.mkdir(exist_ok=True)
@@ -295,16 +312,8 @@ def receive(carry: Path) -> int:
         if d.name.endswith(".dist-info"):
             shutil.move(str(d), SITE / d.name)
     shutil.rmtree(SITE / "precompile-meta")
-    redis = SITE / "redis"
-    shutil.copytree(unpacked / "redis", redis, dirs_exist_ok=True)
-    for b in (redis / "bin").iterdir():
-        b.chmod(0o755)
-    # redis-server finds its libraries through a wrapper (vLLM's processes must not load Debian's libssl)
-    for name in ("redis-server", "redis-cli"):
-        wrapper = SITE / "bin" / name
-        wrapper.parent.mkdir(exist_ok=True)
-        wrapper.write_text(f'#!/bin/sh\nLD_LIBRARY_PATH={redis / "lib"} exec {redis / "bin" / name} "$@"\n')
-        wrapper.chmod(0o755)
+    install_redis(carry / "redis")
+    install_extra(carry / "extra")
     (SITE / "env.sh").write_text(
         f'export PYTHONPATH="{REPO}:{REPO / "tests"}:{SITE}${{PYTHONPATH:+:$PYTHONPATH}}" '
         f'PATH="{SITE / "bin"}:$PATH" VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1\n')
@@ -313,6 +322,34 @@ def receive(carry: Path) -> int:
     bundle.unlink()
     print(f"installed {len(wheels)} wheels and redis-server in {SITE}: . {SITE}/env.sh")
     return 0
+
+
+def install_redis(carried: Path) -> bool:
+    """Install the carried redis-server (``.carry/redis``, if this run brought it) under ``/tmp/vllm-site/redis``
+    with wrappers in ``/tmp/vllm-site/bin`` that give it its libraries (vLLM's processes must not load Debian's
+    libssl, so ``LD_LIBRARY_PATH`` is set for redis alone); False if it did not come."""
+    if not (carried / "bin" / "redis-server").exists():
+        return False
+    redis = SITE / "redis"
+    shutil.copytree(carried, redis, dirs_exist_ok=True)
+    for name in ("redis-server", "redis-cli"):
+        (redis / "bin" / name).chmod(0o755)
+        wrapper = SITE / "bin" / name
+        wrapper.parent.mkdir(exist_ok=True)
+        wrapper.write_text(f'#!/bin/sh\nLD_LIBRARY_PATH={redis / "lib"} exec {redis / "bin" / name} "$@"\n')
+        wrapper.chmod(0o755)
+    return True
+
+
+def install_extra(carried: Path) -> bool:
+    """Install wheels carried in ``.carry/extra`` (added after the parts were cut: no need to send them again)
+    into ``/tmp/vllm-site``, replacing what is there; False if none came."""
+    wheels = sorted(str(w) for w in carried.glob("*.whl")) if carried.is_dir() else []
+    if wheels:
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                        "--upgrade", "--target", str(SITE), *wheels], check=True)
+        print(f"installed {len(wheels)} extra wheels")
+    return bool(wheels)
 
 
 def status() -> int:

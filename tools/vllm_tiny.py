@@ -22,7 +22,8 @@ With ``VLLM_TINY_PHASES=1`` (``tools/bench_vllm.py --device cuda`` sets it) the 
 (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so the start's phases are read where they happen and added to the JSON:
 ``compile_s`` (vLLM's own ``compilation_time``: Dynamo or its AOT load, and the backend's compile or load of every
 piece, timed by vLLM's ``monitor_torch_compile``, CUDA graph capture not included), ``capture_s`` (vLLM's
-``GPUModelRunner.capture_model``, timed here) and ``frames`` (frames Dynamo traced in the process).
+``GPUModelRunner.capture_model``, timed here) and ``frames`` (frames Dynamo traced in the process: calls of its
+``convert_frame.compile_frame``, through which ``aot_compile`` goes too).
 ``tools/bench_vllm.py`` and ``tests/integrations/test_vllm.py`` run it with the environment of each scenario.
 """
 
@@ -77,11 +78,7 @@ def run(model: str, extra: dict) -> dict:
 
     gpu = torch.cuda.is_available()
     timed = _time_capture() if phases and gpu else None
-    frames = None
-    if phases:
-        from precompile.inductor.dynamo.record import frames_traced
-
-        frames = frames_traced()  # from here on, frames Dynamo traces are counted
+    traced = _count_dynamo_frames() if phases else None
     kwargs = {"gpu_memory_utilization": 0.3} if gpu else {"max_num_seqs": 2, "gpu_memory_utilization": 0.2}
     t0 = time.perf_counter()
     llm = LLM(model=model, skip_tokenizer_init=True, max_model_len=256, **kwargs, **extra)
@@ -89,10 +86,8 @@ def run(model: str, extra: dict) -> dict:
     ready = time.perf_counter() - START
     measured = {}
     if phases:
-        from precompile.inductor.dynamo.record import frames_traced
-
         cc = llm.llm_engine.vllm_config.compilation_config
-        measured = {"compile_s": round(float(cc.compilation_time), 3), "frames": frames_traced() - frames,
+        measured = {"compile_s": round(float(cc.compilation_time), 3), "frames": traced[0],
                     "capture_s": round(timed[0], 3) if timed else None,
                     "capture_sizes": len(cc.cudagraph_capture_sizes or []) if gpu else 0}
     first = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True, detokenize=False)
@@ -102,6 +97,23 @@ def run(model: str, extra: dict) -> dict:
     out = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
     return {"ready_s": round(ready, 3), "ttft_s": round(ttft, 3), "init_s": round(init, 3), "tokens": [list(o.outputs[0].token_ids) for o in out],
             **measured}
+
+
+def _count_dynamo_frames() -> list[int]:
+    """Count the frames Dynamo traces in this process from now on (calls of ``convert_frame.compile_frame``, which
+    both ``torch.compile``'s frame callback and ``aot_compile``'s full-graph capture go through, torch 2.11-2.13):
+    the returned list holds the count."""
+    from torch._dynamo import convert_frame
+
+    count = [0]
+    original = convert_frame.compile_frame
+
+    def compile_frame(*args, **kwargs):
+        count[0] += 1
+        return original(*args, **kwargs)
+
+    convert_frame.compile_frame = compile_frame
+    return count
 
 
 def _time_capture() -> list[float]:
