@@ -75,7 +75,7 @@ def _manager_class() -> type:
 
         def get_group(self, filename: str) -> dict[str, str] | None:
             group = super().get_group(filename)
-            if group is None and self._shared and filename.endswith(".json"):
+            if group is None and self._shared and filename.endswith(".json") and not filename.startswith("triton_"):
                 if _guarded(restore, self, filename):
                     group = super().get_group(filename)
             return group

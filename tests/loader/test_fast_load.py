@@ -314,3 +314,28 @@ def test_graph_returning_one_bare_tensor_is_validated_and_fast():
     assert loaded.engine_kind == "fast" and isinstance(out, torch.Tensor)
     assert_same_output(out, art(x, w), rtol=0, atol=0)
     assert_same_output(out, f(x, w))
+
+
+def test_a_buffer_the_graph_never_writes_is_compared_by_layout_only():
+    """vLLM's piece before an attention op returns the ``torch.empty`` buffer the op fills: two runs never agree on
+    its contents, so the fast path's validation compares its shape, stride and dtype only (it kept a GPU piece on
+    the portable path), and still every written output bit for bit."""
+    from precompile.inductor.runs import same_values, unset_outputs
+
+    def f(x, w):
+        out = torch.empty_like(x)  # vLLM's attention layers make the buffer with torch.empty(...)
+        return torch.relu(x @ w), out
+
+    gm = torch.fx.symbolic_trace(f)
+    assert unset_outputs(gm) == frozenset({1})
+    a, b = torch.zeros(3), torch.ones(3)
+    assert same_values([a, a], [a, b]) == "[1]: values differ" and same_values([a, a], [a, b], frozenset({1})) is None
+    assert same_values([a, a], [b, a], frozenset({1})) == "[0]: values differ"
+    assert same_values([a, a], [a, b.double()], frozenset({1})) is not None  # the layout still counts
+    x, w = _graphs.example(), torch.randn(_graphs.D, _graphs.D)
+    art = precompile.standalone_compile(gm, [x, w])
+    assert art.manifest.parts["fast"] is not None, art.manifest.build["fast_off"]
+    loaded = precompile.Artifact(art.manifest, art.all_blobs(), source="test")
+    got = loaded(x, w)
+    assert loaded.engine_kind == "fast" and got[1].shape == x.shape
+    assert_same_output(got[0], f(x, w)[0])
