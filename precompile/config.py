@@ -15,6 +15,7 @@ temporary directory by setting the environment before the call.
 | ``PRECOMPILE_REWRITES`` | ``on``: choices for a short first call, made before the key: exact graph rewrites (``precompile.key.passes``: a GPU matmul with an inner dimension of 1 becomes a multiply, so that a first call loads no cuBLAS kernel for it) and, for CUDA graphs, flash and memory-efficient attention ahead of cuDNN's (``precompile.key.sdpa``: no per-process cuDNN plan build); ``off`` compiles the graph as given under torch's own choices, for bits equal to torch's own compile of it | ``on`` |
 | ``PRECOMPILE_EXPLAIN`` | ``1``: on a miss, ``standalone_compile`` logs the closest stored artifact and the factors that differ (reads every stored manifest: for debugging) | ``0`` |
 | ``PRECOMPILE_SIGNING_KEY`` | builders: path of the Ed25519 private key (PEM) every stored or saved manifest is signed with; its public key is trusted too | unset: nothing signed (set but blank: an error) |
+| ``PRECOMPILE_METRICS_PORT`` | TCP port (1-65535) on which a process serves its Prometheus metrics (``/metrics``, all interfaces), from its first recorded lookup or load (:func:`precompile.metrics.serve_configured`) | unset: no endpoint |
 | ``PRECOMPILE_VERIFY_KEYS`` | serving workers: comma-separated Ed25519 public keys (``ed25519:<64 hex>``, or files of them / PEM); set, only artifacts signed by one of them load | unset: nothing checked (set, it must name a key: ``""``, ``","`` or an empty key file is an error) |
 
 The ``precompile`` logger's handler and level are set here too (:func:`setup_logging`), for the command line,
@@ -181,6 +182,27 @@ def vllm_registry_enabled() -> bool:
     if raw.lower() in ("0", "false", "no", "off"):
         return False
     raise ConfigError(f"PRECOMPILE_VLLM_REGISTRY must be 1 or 0 (true/false, yes/no, on/off), got {raw!r}")
+
+
+def metrics_port() -> int | None:
+    """``PRECOMPILE_METRICS_PORT``: the TCP port on which this process serves its Prometheus metrics
+    (:func:`precompile.metrics.serve_configured`); None when the variable is unset or empty (the default: no
+    endpoint).
+
+    Raises:
+        ConfigError: the variable is not an integer from 1 to 65535.
+    """
+    raw = os.environ.get("PRECOMPILE_METRICS_PORT", "").strip()
+    if not raw:
+        return None
+    try:
+        port = int(raw)
+    except ValueError:
+        port = 0
+    if not 1 <= port <= 65535:
+        raise ConfigError(f"PRECOMPILE_METRICS_PORT must be a TCP port number from 1 to 65535 (or unset, for no "
+                          f"metrics endpoint), got {raw!r}")
+    return port
 
 
 def signing_key_path() -> str | None:

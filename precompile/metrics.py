@@ -7,16 +7,21 @@ imports nothing; ``prometheus_client`` is imported when metrics are collected):
 |---|---|---|
 | ``precompile_lookups_total`` | counter | ``outcome``: hit, built, waited (another worker built it), takeover |
 | ``precompile_hits_total`` / ``precompile_builds_total`` / ``precompile_waits_total`` | counter | |
-| ``precompile_misses_total`` | counter | ``reason``: absent, damaged, cache_error, load_failed (and what a newer cache layer adds) |
+| ``precompile_misses_total`` | counter | ``reason``: absent, damaged, cache_error, load_failed, untrusted (and what a newer cache layer adds) |
 | ``precompile_loads_total`` | counter | ``path``: fast (carried binaries), portable (Inductor's cache entries) |
 | ``precompile_load_seconds`` | histogram | ``path``: seconds from lookup to a callable artifact |
 | ``precompile_build_seconds`` | histogram | Inductor compile seconds of artifacts built here |
 | ``precompile_loaded_bytes_total`` / ``precompile_built_bytes_total`` | counter | logical (uncompressed) bytes of the artifacts' parts |
 | ``precompile_remote_errors_total`` | counter | failures of a tiered cache's remote tier, served locally |
+| ``precompile_untrusted_total`` | counter | ``reason``: artifacts refused by the trust check, never run (unsigned, unknown_key, bad_signature, malformed, unsafe_path) |
 
-They live in precompile's own registry (:func:`registry`), never in ``prometheus_client``'s global default, so
-importing precompile changes nothing in a host's metrics.  A serving process exposes them with :func:`serve`
-(an HTTP endpoint on its own port), or adds them to the registry it already serves with :func:`register`.
+The counters without labels are exported from the start at 0, so that a ratio of them (the hit rate) exists
+before its first hit.  They live in precompile's own registry (:func:`registry`), never in ``prometheus_client``'s
+global default, so importing precompile changes nothing in a host's metrics.  A serving process exposes them on
+the port ``PRECOMPILE_METRICS_PORT`` names (:func:`serve_configured`: from its first recorded lookup or load; off
+by default), with :func:`serve` (an HTTP endpoint on a port of its choosing), or adds them to the registry it
+already serves with :func:`register`.  ``deploy/monitoring/`` holds a Grafana dashboard and Prometheus alert
+rules over them.
 Every layer counts into a cache through :func:`safe_incr` (never raising) and reports a failing cache once
 through :func:`warn_once`.
 
@@ -29,9 +34,12 @@ sidecar.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from bisect import bisect_left
 from typing import TYPE_CHECKING, Any
+
+from precompile import config
 
 if TYPE_CHECKING:  # pragma: no cover
     from prometheus_client import CollectorRegistry
@@ -52,6 +60,7 @@ _DOCS = {
     "loaded_bytes": ("counter", "Logical (uncompressed) bytes of the artifacts loaded", ()),
     "built_bytes": ("counter", "Logical (uncompressed) bytes of the artifacts built", ()),
     "remote_errors": ("counter", "Failures of a tiered cache's remote tier (served from the local tier)", ()),
+    "untrusted": ("counter", "Artifacts refused by the trust check (never run), by reason", ("reason",)),
     "load_seconds": ("histogram", "Seconds from a lookup to a callable stored artifact, by path", ("path",)),
     "build_seconds": ("histogram", "Inductor compile seconds of the artifacts built by this process", ()),
 }
@@ -61,6 +70,8 @@ _counts: dict[tuple[str, tuple[str, ...]], float] = {}
 _hists: dict[tuple[str, tuple[str, ...]], list[float]] = {}  # bucket counts (+Inf last), then the sum
 _notes = threading.local()
 _registry: CollectorRegistry | None = None
+_served: tuple[int, Any] | None = None  # (pid, what serve returned, or None if it failed) of serve_configured
+_serve_lock = threading.Lock()
 
 log = logging.getLogger("precompile")
 
@@ -84,6 +95,18 @@ def note_miss(reason: str) -> None:
         _notes.reason = reason
 
 
+def note_untrusted(reason: str) -> None:
+    """Count an artifact of a cache refused by the trust check (``reason``: a verdict's status, or
+    ``"unsafe_path"``), and note ``untrusted`` as the current lookup's miss reason."""
+    count_untrusted(reason)
+    note_miss("untrusted")
+
+
+def count_untrusted(reason: str) -> None:
+    """Count an artifact refused by the trust check (``reason`` as :func:`note_untrusted`)."""
+    _inc("untrusted", (reason,))
+
+
 def take_miss_reason() -> str | None:
     """The reason noted on this thread since the last call (None if none), and forget it."""
     reason = getattr(_notes, "reason", None)
@@ -101,7 +124,11 @@ def record_lookup(outcome: str, art: Any, seconds: float, miss_reason: str | Non
         seconds: wall seconds of the whole lookup.
         miss_reason: why a non-hit missed (default ``"absent"``).
         remote_errors: remote-tier failures during the lookup.
+
+    Raises:
+        ConfigError: ``PRECOMPILE_METRICS_PORT`` holds a bad value (:func:`serve_configured`).
     """
+    serve_configured()
     _inc("lookups", (outcome,))
     if outcome != "hit":
         _inc("misses", (miss_reason or "absent",))
@@ -117,7 +144,12 @@ def record_lookup(outcome: str, art: Any, seconds: float, miss_reason: str | Non
 
 
 def record_load(art: Any, seconds: float) -> None:
-    """Record a stored artifact turned into a callable in ``seconds`` (``art.engine_kind`` is the path)."""
+    """Record a stored artifact turned into a callable in ``seconds`` (``art.engine_kind`` is the path).
+
+    Raises:
+        ConfigError: ``PRECOMPILE_METRICS_PORT`` holds a bad value (:func:`serve_configured`).
+    """
+    serve_configured()
     path = art.engine_kind if art.engine_kind in ("fast", "portable", "graph") else "other"
     _inc("loads", (path,))
     _inc("loaded_bytes", (), float(art.manifest.total_bytes()))
@@ -154,6 +186,8 @@ def _collector() -> Any:
                     for (n, labels), value in sorted(counts.items()):
                         if n == name:
                             fam.add_metric(labels, value)
+                    if not label_names and (name, ()) not in counts:
+                        fam.add_metric((), 0.0)  # a ratio of counters (the hit rate) exists before the first hit
                 else:
                     fam = HistogramMetricFamily(f"precompile_{name}", doc, labels=label_names, unit="")
                     for (n, labels), h in sorted(hists.items()):
@@ -199,6 +233,35 @@ def serve(port: int, addr: str = "0.0.0.0") -> Any:
     from prometheus_client import start_http_server
 
     return start_http_server(port, addr, registry=registry())
+
+
+def serve_configured() -> Any:
+    """Serve :func:`registry` on the port ``PRECOMPILE_METRICS_PORT`` names (all interfaces, any path, e.g.
+    ``/metrics``), once per process; a no-op when the variable is unset.  Called by every recorded lookup and
+    load, so a worker's endpoint is up from its first one; a server may call it at start to open it sooner.
+
+    Returns:
+        ``(server, thread)`` as :func:`serve`, or None when no endpoint is configured or the port could not be
+        bound (logged once as a warning, e.g. a second process of the host asking for the same port: the
+        process goes on without an endpoint).
+
+    Raises:
+        ConfigError: the variable is not a port number.
+    """
+    global _served
+    port = config.metrics_port()
+    if port is None:
+        return None
+    with _serve_lock:
+        if _served is None or _served[0] != os.getpid():  # a forked child does not inherit the serving thread
+            try:
+                _served = (os.getpid(), serve(port))
+                log.info("serving precompile's metrics on port %d (PRECOMPILE_METRICS_PORT)", port)
+            except OSError as err:
+                _served = (os.getpid(), None)
+                log.warning("cannot serve precompile's metrics on port %d (PRECOMPILE_METRICS_PORT): %s; this "
+                            "process exposes none. Give each process of a host its own port", port, err)
+        return _served[1]
 
 
 def exposition() -> bytes:

@@ -149,6 +149,7 @@ def read_manifest_doc(cache: Cache, key: str, policy: Any, what: str, *,
     verdict = policy.check(doc)
     if not verdict.ok:
         safe_incr(cache, **trust.note_refused(verdict, f"{what} {key[:12]} in {cache.url}"))
+        metrics.note_untrusted(verdict.status)
         return None
     return digest, doc
 
@@ -209,6 +210,7 @@ def refused_unsafe(cache: Cache, what: str, key: str, err: Exception) -> None:
     used, logged, counted with the refused entries (``untrusted``, ``untrusted_unsafe_path``)."""
     log.warning("refusing %s %s in %s: %s; nothing of it was run", what, key[:12], cache.url, err)
     safe_incr(cache, untrusted=1, untrusted_unsafe_path=1)
+    metrics.note_untrusted("unsafe_path")
 
 
 def store(cache: Cache, art: Artifact) -> bool:

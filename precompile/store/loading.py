@@ -94,6 +94,7 @@ def _load_path(p: Path) -> Artifact:
         verdict = policy.check(manifest.to_dict())
         if not verdict.ok:
             trust.note_refused(verdict, f"artifact {p}")
+            metrics.count_untrusted(verdict.status)
             raise UntrustedArtifactError(f"artifact {p} is refused: {verdict.detail}; nothing of it was run. Load "
                                          "artifacts signed by a key in PRECOMPILE_VERIFY_KEYS", verdict.status,
                                          verdict.key_id)
