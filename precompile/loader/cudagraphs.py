@@ -111,6 +111,9 @@ class CudaGraphRunner:
             outputs = capture(graph, self.fn, inputs, pool=self._pool, stream=self._stream)
         except Exception as err:  # noqa: BLE001 - a graph that cannot be captured still runs, uncaptured
             self._failed.add(key)
+            # the allocator may free the failed capture's pool (its last reference is gone) but not reuse it:
+            # later captures take a new one
+            self._pool = None
             log.warning("%s cannot be recorded as a CUDA graph (%s: %s); it runs without one", self.name,
                         type(err).__name__, err)
             return None
