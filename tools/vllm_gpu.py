@@ -22,8 +22,8 @@ vLLM 0.25's wheel alone is 250 MB.  So:
 2. There, in each run, first: ``python3 tools/vllm_gpu.py receive``: copies the parts that came with this run to
    ``/tmp/vllm-carry`` (each checked against the manifest; a damaged part is refused, named, and sent again); once
    all are there it joins them, checks the whole, unpacks, installs the wheels with ``pip --no-deps --target
-   /tmp/vllm-site`` and writes ``/tmp/vllm-site/env.sh`` (``PYTHONPATH``, ``PATH`` and ``LD_LIBRARY_PATH`` for
-   vLLM, precompile's entry points, and redis-server).  Then the run's own command.
+   /tmp/vllm-site``, redis-server apart in ``/tmp/vllm-redis``, and writes ``/tmp/vllm-site/env.sh``
+   (``PYTHONPATH`` and ``PATH`` for vLLM, precompile's entry points and redis-server).  Then the run's own command.
 
 Each run is one line (``device`` tool: ``run(command=..., carry=[".carry/MANIFEST.json", ".carry/part-NN"])``)::
 
@@ -101,6 +101,7 @@ typing-inspect urllib3 uvloop wadler-lindig werkzeug wheel wrapt xarray xxhash y
 REDIS_BINARIES = ("/usr/bin/redis-server", "/usr/bin/redis-cli")
 SYSTEM_LIBS = ("libc.so", "libm.so", "libstdc++", "libgcc_s", "ld-linux", "linux-vdso", "libpthread", "libdl.so")
 SITE = Path("/tmp/vllm-site")
+REDIS = Path("/tmp/vllm-redis")
 INBOX = Path("/tmp/vllm-carry")
 
 
@@ -312,11 +313,11 @@ def receive(carry: Path) -> int:
         if d.name.endswith(".dist-info"):
             shutil.move(str(d), SITE / d.name)
     shutil.rmtree(SITE / "precompile-meta")
-    install_redis(carry / "redis")
     install_extra(carry / "extra")
+    install_redis(carry / "redis")
     (SITE / "env.sh").write_text(
         f'export PYTHONPATH="{REPO}:{REPO / "tests"}:{SITE}${{PYTHONPATH:+:$PYTHONPATH}}" '
-        f'PATH="{SITE / "bin"}:$PATH" VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1\n')
+        f'PATH="{REDIS / "path"}:{SITE / "bin"}:$PATH" VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1\n')
     shutil.copyfile(carry / "MANIFEST.json", SITE / "MANIFEST.json")
     shutil.rmtree(unpacked)
     bundle.unlink()
@@ -325,19 +326,20 @@ def receive(carry: Path) -> int:
 
 
 def install_redis(carried: Path) -> bool:
-    """Install the carried redis-server (``.carry/redis``, if this run brought it) under ``/tmp/vllm-site/redis``
-    with wrappers in ``/tmp/vllm-site/bin`` that give it its libraries (vLLM's processes must not load Debian's
+    """Install the carried redis-server (``.carry/redis``, if this run brought it) under ``/tmp/vllm-redis``, apart
+    from the Python packages (pip's ``--target`` replaces a ``bin`` folder there, and ``redis`` is redis-py's), with
+    wrappers in ``/tmp/vllm-redis/path`` that give it its libraries (vLLM's processes must not load Debian's
     libssl, so ``LD_LIBRARY_PATH`` is set for redis alone); False if it did not come."""
     if not (carried / "bin" / "redis-server").exists():
         return False
-    redis = SITE / "redis"
-    shutil.copytree(carried, redis, dirs_exist_ok=True)
+    shutil.copytree(carried, REDIS, dirs_exist_ok=True)
+    (REDIS / "path").mkdir(exist_ok=True)
     for name in ("redis-server", "redis-cli"):
-        (redis / "bin" / name).chmod(0o755)
-        wrapper = SITE / "bin" / name
-        wrapper.parent.mkdir(exist_ok=True)
-        wrapper.write_text(f'#!/bin/sh\nLD_LIBRARY_PATH={redis / "lib"} exec {redis / "bin" / name} "$@"\n')
+        (REDIS / "bin" / name).chmod(0o755)
+        wrapper = REDIS / "path" / name
+        wrapper.write_text(f'#!/bin/sh\nLD_LIBRARY_PATH={REDIS / "lib"} exec {REDIS / "bin" / name} "$@"\n')
         wrapper.chmod(0o755)
+    print(f"installed redis-server in {REDIS}")
     return True
 
 

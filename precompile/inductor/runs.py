@@ -64,28 +64,37 @@ def same_values(a: Any, b: Any, unset: frozenset[int] = frozenset()) -> str | No
 
 #: Operators whose result has unspecified values (storage the graph allocates and does not write).
 _EMPTY = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "empty_permuted"}
+#: Operators whose result is a view of (or, for ``contiguous``, a copy of) their first argument.
+_VIEWS = {"view", "reshape", "_unsafe_view", "unflatten", "flatten", "transpose", "permute", "unsqueeze", "squeeze",
+          "expand", "as_strided", "t", "narrow", "select", "slice", "view_as", "reshape_as", "contiguous", "getitem"}
+
+
+def _op_name(node: torch.fx.Node) -> str | None:
+    if node.op == "call_method":
+        return str(node.target)
+    if node.op == "call_function":
+        packet = getattr(node.target, "_overloadpacket", None)
+        return getattr(packet if packet is not None else node.target, "__name__", None)
+    return None
 
 
 def unset_outputs(gm: torch.fx.GraphModule) -> frozenset[int]:
     """Indices of ``gm``'s outputs that are fresh storage the graph never writes: an ``empty``-like call
-    (``torch.empty``, ``aten.empty.memory_format``, ``x.new_empty(...)``...) that no other node reads.  vLLM's
-    pieces return such a buffer for the attention op that follows them to fill (``unified_attention_with_output``
-    takes its ``output``); its contents are whatever the allocator handed out, so two runs never agree on them."""
+    (``torch.empty``, ``aten.empty.memory_format``, ``x.new_empty(...)``...), or views of one, that nothing else in
+    the graph reads.  vLLM's pieces return such a buffer, ``output.view(-1, heads, head_size)`` of a
+    ``torch.empty``, for the attention op that follows them to fill (``unified_attention_with_output`` takes its
+    ``output``); its contents are whatever the allocator handed out, so two runs never agree on them."""
     out = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
     values = out.args[0] if isinstance(out.args[0], (list, tuple)) else [out.args[0]]
     found = set()
     for i, v in enumerate(values):
-        if not isinstance(v, torch.fx.Node) or len(v.users) != 1:
-            continue
-        if v.op == "call_method":
-            name = v.target
-        elif v.op == "call_function":
-            name = getattr(v.target, "__name__", "")
-            packet = getattr(v.target, "_overloadpacket", None)
-            if packet is not None:
-                name = packet.__name__
-        else:
-            continue
-        if name in _EMPTY:
-            found.add(i)
+        node, child = v, out
+        while isinstance(node, torch.fx.Node) and all(u is child or u is out for u in node.users):
+            name = _op_name(node)
+            if name in _EMPTY:
+                found.add(i)
+                break
+            if name not in _VIEWS or not node.args or not isinstance(node.args[0], torch.fx.Node):
+                break
+            node, child = node.args[0], node
     return frozenset(found)

@@ -12,7 +12,11 @@ keeps Triton's files where Triton keeps them and, behind that directory, in prec
   ``triton_kernel``: the files' names, sizes and digests; signature and structure checked) and its blobs
   (digest-checked) are read from the cache, and the files are written to the local directory through Triton's
   own ``put`` (atomic), so Triton loads them as its own;
-- ``put_group`` (Triton compiled a kernel): after Triton's own write, the files are stored as blobs and a record.
+- ``put_group`` (Triton compiled a kernel): after Triton's own write, the files are stored as blobs and a record;
+- ``get_file``/``put`` of a kernel launcher (``*.so``: Triton builds one per kernel signature with the host C
+  compiler, about 0.25 s of gcc each) the same way, one file a record.  A launcher is host code: it is loaded by
+  the process, so it is never restored under ``PRECOMPILE_REQUIRE_NO_HOST_CODE``, and with verify keys only a
+  signed record is taken, as for every ``.so`` precompile carries.
 
 The record's key is Triton's own cache key for the kernel (a hash of its source, constants, options, target
 architecture and Triton's version, which already tells apart what could differ) with the metadata file's name,
@@ -51,6 +55,7 @@ MAX_FILES = 32
 MAX_FILE_BYTES = 32 << 20
 MAX_GROUP_BYTES = 64 << 20
 _cache: list[Any] = []
+_env: list[dict[str, Any]] = []
 _warned: set[str] = set()
 
 
@@ -86,6 +91,19 @@ def _manager_class() -> type:
                 _guarded(publish, self, filename, group)
             return path
 
+        def get_file(self, filename: str) -> str | None:
+            path = super().get_file(filename)
+            if path is None and self._shared and _launcher(filename):
+                if _guarded(restore, self, filename):
+                    path = super().get_file(filename)
+            return path
+
+        def put(self, data: Any, filename: str, binary: bool = True) -> str:
+            path = super().put(data, filename, binary)
+            if self._shared and _launcher(filename):
+                _guarded(publish, self, filename, {filename: path})
+            return path
+
     PrecompileTritonCache.__module__ = __name__
     PrecompileTritonCache.__qualname__ = "PrecompileTritonCache"
     return PrecompileTritonCache
@@ -99,18 +117,25 @@ def __getattr__(name: str) -> Any:
     return cls
 
 
+def _launcher(filename: str) -> bool:
+    """A kernel launcher Triton built with the host compiler (``__triton_launcher.cpython-312-....so``: one per
+    kernel signature, about 0.25 s of gcc each on a new machine), where host code may be loaded."""
+    return filename.endswith(".so") and bool(NAME.match(filename)) and not config.require_no_host_code()
+
+
 def factors(key: str, filename: str) -> dict[str, Any]:
-    """The key factors of the record of Triton's kernel ``key`` (metadata file ``filename``)."""
+    """The key factors of the record of Triton's kernel ``key`` (metadata file ``filename``, or a launcher)."""
     import triton
 
-    from precompile.key import fingerprint
+    if not _env:
+        import torch
 
-    import torch
+        from precompile.key import fingerprint
 
-    devices = {"cpu", "cuda"} if torch.cuda.is_available() else {"cpu"}
-    env = fingerprint.key_fields(fingerprint.environment(devices, full=False))
+        devices = {"cpu", "cuda"} if torch.cuda.is_available() else {"cpu"}
+        _env.append(fingerprint.key_fields(fingerprint.environment(devices, full=False)))
     return {"format": config.FORMAT_VERSION, "kind": "record", "purpose": PURPOSE, "triton_key": key,
-            "metadata": filename, "triton": triton.__version__, "env": env}
+            "metadata": filename, "triton": triton.__version__, "env": _env[0]}
 
 
 def restore(manager: Any, filename: str) -> bool:
@@ -121,23 +146,28 @@ def restore(manager: Any, filename: str) -> bool:
     cache = _open()
     if cache is None or not TRITON_KEY.match(manager.key) or not NAME.match(filename):
         return False
+    if filename.endswith(".so") and not _launcher(filename):
+        return False  # host code, refused under PRECOMPILE_REQUIRE_NO_HOST_CODE
     found = record.read(cache, record.record_key(factors(manager.key, filename)), PURPOSE)
     if found is None:
         safe_incr(cache, record_misses=1)
         return False
     files = check_files(found.data, filename)
+    if filename.endswith(".so") and set(files) != {filename}:
+        raise ValueError("a launcher's record names other files")
     blobs = cache.get_blobs([f["digest"] for f in files.values()],
                             {f["digest"]: f["size"] for f in files.values()})
     if any(not isinstance(blobs.get(f["digest"]), bytes) for f in files.values()):
         log.info("precompile: a blob of Triton kernel %s is missing from the cache; Triton compiles it", filename)
         return False
     group = {}
-    for name, f in sorted(files.items()):
-        data = blobs[f["digest"]]
-        group[name] = manager.put(data, name, binary=not name.endswith(".json"))
-    _base().put_group(manager, filename, group)  # Triton's own group file; not published again
+    for name, f in sorted(files.items()):  # through Triton's own writes: these are not published again
+        group[name] = _base().put(manager, blobs[f["digest"]], name, binary=not name.endswith(".json"))
+    if filename.endswith(".json"):
+        _base().put_group(manager, filename, group)
     safe_incr(cache, record_hits=1)
-    log.info("precompile: Triton kernel %s restored from the cache (%d files)", filename, len(group))
+    log.info("precompile: Triton %s %s restored from the cache (%d files)",
+             "launcher" if _launcher(filename) else "kernel", filename, len(group))
     return True
 
 

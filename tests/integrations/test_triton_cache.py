@@ -27,7 +27,15 @@ mode, key, name = sys.argv[1], sys.argv[2], sys.argv[3]
 assert triton_cache.install()
 m = get_cache_manager(key)  # what Triton does: knobs.cache.manager_class(_base32(key))
 out = {"manager": type(m).__name__}
-if mode == "compile":
+if name.endswith(".so"):  # a kernel launcher: Triton's get_file / put of one file
+    if mode == "compile":
+        data = os.urandom(4096)
+        m.put(data, name)
+        out["so"] = data.hex()
+    else:
+        path = m.get_file(name)
+        out["so"] = None if path is None else open(path, "rb").read().hex()
+elif mode == "compile":
     cubin = os.urandom(4096)
     group = {name + ".cubin": m.put(cubin, name + ".cubin"),
              name + ".json": m.put(json.dumps({"name": name}), name + ".json", binary=False)}
@@ -41,8 +49,9 @@ print(json.dumps(out))
 """
 
 
-def _run(tmp_path, machine: str, mode: str, name: str, cache: str) -> dict:
-    env = {"TRITON_CACHE_DIR": str(tmp_path / machine), "PRECOMPILE_CACHE": cache, "TRITON_CACHE_MANAGER": ""}
+def _run(tmp_path, machine: str, mode: str, name: str, cache: str, **more: str) -> dict:
+    env = {"TRITON_CACHE_DIR": str(tmp_path / machine), "PRECOMPILE_CACHE": cache, "TRITON_CACHE_MANAGER": "",
+           **more}
     proc = subprocess.run([sys.executable, "-c", _SCRIPT, mode, KEY, name], env=python_env(env), cwd=REPO,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -86,3 +95,13 @@ def test_a_planted_record_with_a_path_for_a_name_writes_nothing_outside(tmp_path
     assert record.read(c, key, "triton_kernel") is not None  # well-formed as a record: the file list is refused
     assert _run(tmp_path, "b", "load", "k", cache)["group"] is None
     assert not (tmp_path / "x.json").exists() and not list(tmp_path.glob("b/*/x.json"))
+
+
+def test_a_kernel_launcher_is_shared_but_not_where_host_code_is_refused(tmp_path):
+    """Triton builds a launcher per kernel signature with gcc (``get_file``/``put`` of one ``.so``): restored on
+    another machine, except under PRECOMPILE_REQUIRE_NO_HOST_CODE=1 (a ``.so`` is host code the process loads)."""
+    cache = "file://" + str(tmp_path / "pc")
+    name = "__triton_launcher.cpython-312-x86_64-linux-gnu.so"
+    made = _run(tmp_path, "a", "compile", name, cache)
+    assert _run(tmp_path, "b", "load", name, cache) == {"manager": "PrecompileTritonCache", "so": made["so"]}
+    assert _run(tmp_path, "c", "load", name, cache, PRECOMPILE_REQUIRE_NO_HOST_CODE="1")["so"] is None
