@@ -256,7 +256,7 @@ class RedisCache(ReplicasMixin, BlobsMixin, CountersMixin, LeasesMixin, UpkeepMi
 
     def _read_only_message(self, what: str) -> str:
         why = "it was opened with read_only=1" if self._configured_read_only else "its user may not write"
-        return f"cannot {what}: Redis cache {self.url} is read-only ({why})"
+        return f"not {what}: Redis cache {self.url} is read-only ({why})"
 
     # ------------------------------------------------------------------------------------------------- refs
     @retrying
@@ -281,8 +281,9 @@ class RedisCache(ReplicasMixin, BlobsMixin, CountersMixin, LeasesMixin, UpkeepMi
             return MISS
         text = raw.decode("ascii", "replace") if isinstance(raw, bytes) else ""  # WRONG_TYPE: a hash, a list...
         if not HEX64.match(text):
-            log.warning("Redis ref %s in %s does not hold a digest%s; dropping it", key[:12], self.url,
-                        " (it is a key of another type)" if raw is WRONG_TYPE else "")
+            log.warning("Redis ref %s in %s does not hold a digest%s; %s", key[:12], self.url,
+                        " (it is a key of another type)" if raw is WRONG_TYPE else "",
+                        "a miss, left in place (read-only cache)" if self.read_only else "dropping it")
             self._count(errors=1)
             if not self.read_only:
                 try:

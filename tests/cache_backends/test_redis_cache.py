@@ -4,6 +4,7 @@ server that is gone or stalled.  What every backend does is in the conformance s
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import socket
@@ -103,7 +104,7 @@ def test_ttl_is_set_and_refreshed_on_hit(redis_server):
     assert r.pttl(keys[1]) > 25_000
 
 
-def test_read_only_url_never_writes(redis_server):
+def test_read_only_url_never_writes(redis_server, caplog):
     writer = open_cache(redis_server.url())
     digest = writer.put_blob(b"artifact part")
     writer.set_ref(KEY, digest)
@@ -116,10 +117,17 @@ def test_read_only_url_never_writes(redis_server):
                   lambda: reader.acquire_lease(KEY)):
         with pytest.raises(CacheReadOnlyError, match="read-only"):
             write()
+    with pytest.raises(CacheReadOnlyError, match=r"^not writing blob \w+: Redis cache .* is read-only \(it was opened"):
+        reader.put_blob(b"x")
     reader.incr(hits=1)  # kept in memory
     r.set(f"precompile:ref:{'cd' * 32}", b"garbage")  # a read-only reader does not even drop garbage
-    assert reader.get_ref("cd" * 32) is MISS
-    assert sorted(r.keys("*")) == sorted([*before, f"precompile:ref:{'cd' * 32}".encode()])
+    r.set(f"precompile:blob:{{{'ef' * 32}}}", b"garbage")
+    with caplog.at_level(logging.WARNING, logger="precompile"):
+        assert reader.get_ref("cd" * 32) is MISS and reader.get_blob("ef" * 32) is MISS
+    said = [rec.getMessage() for rec in caplog.records]
+    assert len(said) == 2 and all("a miss, left in place (read-only cache)" in m for m in said), said
+    assert sorted(r.keys("*")) == sorted([*before, *(f"precompile:{k}".encode() for k in
+                                                     (f"ref:{'cd' * 32}", f"blob:{{{'ef' * 32}}}"))])
     assert r.pttl(f"precompile:ref:{KEY}") == -1  # no TTL refresh either
     assert reader.counters()["hits"] == 1 and r.hget("precompile:counters", "hits") is None
 
