@@ -12,7 +12,7 @@ import socket
 from typing import Any
 
 import pytest
-from _cli import cli, error_line
+from _cli import cli, error_line, store_variant
 
 from cache_backends.base import digest_bytes
 from cache_backends.local.cache import LocalCache
@@ -129,6 +129,41 @@ def test_stored_markup_and_controls_are_printed_as_text(cache_copy):
             assert MARKUP in proc.stdout and "\x1b[31m" not in proc.stdout, name
     assert MARKUP in run("diff", good, keys["option"], "--cache", url).stdout
     run("explain", keys["option"], "--cache", url)
+
+
+LONE = "\udc80 \ud800 \udc9b"  # lone surrogates, as JSON's "\\udc80" reads; \udc9b would be CSI as a raw byte
+
+
+def test_text_stdout_cannot_encode_is_printed_escaped(cache_copy):
+    """Lone surrogates in stored fields (issue 34: one in ``build.created`` failed ``ls`` for the whole cache on a
+    strict UTF-8 stdout) and, under an ASCII locale, any non-ASCII text: every listing and printing command
+    prints them escaped and exits as it would without them."""
+    d = cache_copy()
+    good, doc = good_manifest(d)
+    url = f"file://{d}"
+    text = LONE + " caf\u00e9"
+    created = store_variant(url, good, _set("build.created", text))
+    option = store_variant(url, good, _set("factors.options", {text: text}))
+    placeholder = store_variant(url, good, _set("placeholders.0.dtype", text))
+    function = plant(d, function_manifest(LocalCache(d).put_blob(b"x"), text), "lone function")
+    record = plant(d, record_manifest(text), "lone record")
+    env = {"PYTHONIOENCODING": "utf-8"}  # strict: Python's own default for a UTF-8 locale is surrogateescape
+    escaped = "\\udc80 \\ud800 \\udc9b"
+    out = run("ls", "--cache", url, env=env).stdout
+    assert escaped in out and "\x9b" not in out and all(k[:16] in out for k in (created, function, record))
+    listed = {it["key"]: it for it in json.loads(run("ls", "--json", "--cache", url, env=env).stdout)}
+    assert listed[created]["created"] == text  # JSON escapes it (\udc80): consumers read back what was stored
+    for key in (created, option, placeholder, function, record):
+        assert escaped in run("inspect", key, "--cache", url, env=env).stdout, key
+        assert json.loads(run("inspect", key, "--json", "--cache", url, env=env).stdout)["key"] == key
+    assert escaped in run("diff", good, option, "--cache", url, env=env).stdout
+    run("explain", option, "--cache", url, env=env)
+    run("stats", "--cache", url, env=env)
+    verify = run("verify", "--cache", url, env=env, code=1)  # the planted function and record are refs to fix
+    assert "Traceback" not in verify.stdout and function[:16] in verify.stdout
+    ascii_env = {"PYTHONIOENCODING": "ascii"}  # what the encoding cannot hold is escaped too
+    assert "caf\\xe9" in run("ls", "--cache", url, env=ascii_env).stdout
+    assert "caf\\xe9" in run("inspect", created, "--cache", url, env=ascii_env).stdout
 
 
 STRUCTURAL = {
