@@ -11,7 +11,8 @@ import sys
 import click
 
 from precompile.config import setup_logging
-from precompile.errors import CacheURLError, ConfigError, NotAnArtifactPathError, PrecompileError, RecipeError
+from precompile.errors import (CacheURLError, ConfigError, NotAnArtifactPathError, OutputPathError, PrecompileError,
+                               RecipeError)
 
 
 class _Main(click.Group):
@@ -20,7 +21,7 @@ class _Main(click.Group):
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
-        except (CacheURLError, ConfigError, RecipeError, NotAnArtifactPathError) as err:
+        except (CacheURLError, ConfigError, RecipeError, NotAnArtifactPathError, OutputPathError) as err:
             _fail(err, 2)
         except PrecompileError as err:
             _fail(err, 1)

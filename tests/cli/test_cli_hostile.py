@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import stat
 from typing import Any
 
 import pytest
@@ -280,3 +281,61 @@ def test_a_bad_key_setting_is_exit_2_for_every_command_that_reads(cache_copy, tm
     precompile.load(good, cache=url).save(saved)
     line = error_line(run("inspect", str(saved), env={"PRECOMPILE_VERIFY_KEYS": ","}, code=2))
     assert "names no key" in line
+
+
+def _not_a_file(what: str, tmp_path) -> tuple[str, Any]:
+    """A path in ``tmp_path`` holding ``what`` (never a real device node: a copy of /dev/full's numbers, made here
+    as root), and what holds it open."""
+    path, held = str(tmp_path / what.replace(" ", "_")), None
+    if what == "a directory":
+        os.mkdir(path)
+    elif what == "a FIFO":
+        os.mkfifo(path)
+    elif what == "a socket":
+        held = socket.socket(socket.AF_UNIX)
+        held.bind(path)
+    elif what == "a device":
+        try:
+            os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, 7))
+        except PermissionError:
+            pytest.skip("a device node can be made only as root")
+    elif what == "a symlink":
+        (tmp_path / "target").write_bytes(b"kept")
+        os.symlink(tmp_path / "target", path)
+    return path, held
+
+
+NOT_FILES = ["a directory", "a FIFO", "a socket", "a device", "a symlink"]
+
+
+@pytest.mark.parametrize("what", NOT_FILES)
+def test_export_never_writes_or_replaces_anything_but_a_regular_file(what, cache_copy, tmp_path):
+    """``export -o`` a directory once failed with a traceback; as root, ``-o /dev/full`` replaced the device node
+    with a regular file.  Now: one line, exit status 2, and what was there is still there, untouched."""
+    d = cache_copy()
+    good, _ = good_manifest(d)
+    path, held = _not_a_file(what, tmp_path)
+    before = os.lstat(path)
+    try:
+        for out in [path] + ([path + "/"] if what == "a directory" else [f"{path}/b.pcb"] if what == "a FIFO" else []):
+            line = error_line(run("export", good, "-o", out, "--cache", f"file://{d}", code=2))
+            assert "cannot write bundle" in line and path in line, line
+        after = os.lstat(path)
+        assert (after.st_mode, after.st_ino, after.st_rdev) == (before.st_mode, before.st_ino, before.st_rdev)
+        assert not list(tmp_path.glob(".*incomplete")) and (what != "a symlink" or
+                                                            (tmp_path / "target").read_bytes() == b"kept")
+    finally:
+        if held is not None:
+            held.close()
+
+
+@pytest.mark.parametrize("what", ["/proc/self/mem", *NOT_FILES[:-1]])
+def test_import_of_a_path_that_cannot_be_a_bundle_is_one_line_and_exit_2(what, tmp_path):
+    path, held = (what, None) if what.startswith("/") else _not_a_file(what, tmp_path)
+    try:
+        line = error_line(run("import", path, "--cache", f"file://{tmp_path}/cache", code=2))
+        assert path in line and "nothing was imported" in line, line
+    finally:
+        if held is not None:
+            held.close()
+    assert not (tmp_path / "cache").exists() or not list((tmp_path / "cache").rglob("ref/*"))
