@@ -104,7 +104,8 @@ class RedisCache(ReplicasMixin, BlobsMixin, CountersMixin, LeasesMixin, UpkeepMi
     ``counters`` (1/0: send counter increments; default 1, and 0 with ``read_only=1``: a read-only serving worker
     that should count its hits in the fleet's hit rate sets ``read_only=1&counters=1``, with an ACL selector that
     allows only ``HINCRBY`` on the counters key, e.g. ``(~precompile:counters +hincrby)``).
-    Other query options (``ssl_ca_certs``, ``health_check_interval``...) go to redis-py's ``from_url``.
+    Other query options (``ssl_ca_certs``, ``health_check_interval``...) go to redis-py's ``from_url``; ``ssl_*``
+    only with ``rediss://``.  Every number is finite and bounded (:mod:`cache_backends.options`).
 
     Args:
         client: a ``redis.Redis`` or ``redis.cluster.RedisCluster`` (bytes replies, ``decode_responses`` off).
