@@ -28,6 +28,7 @@ that read a cache treat either as a miss.
 from __future__ import annotations
 
 import errno
+import itertools
 import json
 import os
 import re
@@ -62,11 +63,17 @@ STEP = 1 << 20
 #: documents nest at most ~12 deep (a graph argument inside a node inside a graph); 64 leaves room.
 MAX_JSON_DEPTH = 64
 
-#: One scan of a JSON text: a whole string, a bracket, or a quote that opens no closed string.  Each character
-#: matches one alternative only, so a failed string costs one pass and ends the scan: linear time (a pattern that
-#: retried from every quote of an unterminated string would be quadratic in a forged manifest).
 _NOT_A_FILE = frozenset({errno.ENXIO, errno.ELOOP, errno.ENODEV, errno.EISDIR})
-_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]|"', re.DOTALL)
+#: The depth scan of a JSON text, three substitutions in C, each one pass (linear time, also for a forged text):
+#: escapes removed (a backslash and the character after it: no ``\\"`` is left), then strings (a quote to the next
+#: quote; only an unterminated last string scans to the end, once), then all but brackets and quotes.  What is left
+#: is the brackets outside strings, and a quote only where a string is not terminated.  (A backslash outside a
+#: string is not JSON: the parse fails there, before any bracket it hides.)  It once walked every string token in
+#: Python: 2.4 ms of a 2.5 ms read of a 6 KB manifest, the most of ``precompile ls`` over a large cache.
+_ESCAPE = re.compile(r"\\.", re.DOTALL)
+_STRING = re.compile(r'"[^"]*"')
+_NOT_BRACKET = re.compile(r'[^\[\]{}"]+')
+_STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
 
 
 def frame_bound(max_bytes: int) -> int:
@@ -185,16 +192,11 @@ def loads_json(data: bytes | str, max_bytes: int, what: str = "document", max_de
     # Bytes are decoded here, strictly, and the text is scanned and parsed: json.loads(bytes) would guess UTF-16 or
     # UTF-32 from the first bytes, and a depth scan of the bytes would miss the brackets that decoding makes.
     text = data if isinstance(data, str) else bytes(data).decode("utf-8")
-    depth = 0
-    for m in _TOKENS.finditer(text):
-        token = m.group()
-        if token == '"':
-            raise ValueError(f"{what} is not JSON: a string is not terminated")
-        if token[0] == '"':  # a whole string: brackets inside it do not count
-            continue
-        depth += 1 if token in ("[", "{") else -1
-        if depth > max_depth:
-            raise InputLimitError(f"{what} nests deeper than {max_depth} levels; refused before parsing")
+    brackets = _NOT_BRACKET.sub("", _STRING.sub("", _ESCAPE.sub("", text)))
+    if '"' in brackets:
+        raise ValueError(f"{what} is not JSON: a string is not terminated")
+    if max(itertools.accumulate(map(_STEP.__getitem__, brackets)), default=0) > max_depth:
+        raise InputLimitError(f"{what} nests deeper than {max_depth} levels; refused before parsing")
     return json.loads(text)
 
 

@@ -75,9 +75,15 @@ class UnsafePathError(ArtifactFormatError):
 
 
 class NotAnArtifactPathError(ArtifactFormatError):
-    """A path given as an artifact names something no artifact can be read from: a FIFO, a device, a socket, a
-    directory without ``manifest.json``, or a file that cannot be read (``/proc/self/mem``).  Nothing is read from
+    """A path given as an artifact (or a bundle of them) names something no artifact can be read from: a FIFO, a
+    device, a socket, a directory without ``manifest.json``, or a file that cannot be read (``/proc/self/mem``).  Nothing is read from
     a FIFO or a device.  The command line takes it as a mistake in what was asked (exit status 2)."""
+
+
+class OutputPathError(PrecompileError, ValueError):
+    """A path to write (``precompile export -o``, :meth:`precompile.Artifact.save`) names something other than a
+    regular file or a new name: a directory, a device, a FIFO, a socket or a symlink.  Nothing is written and
+    nothing there is replaced.  The command line takes it as a mistake in what was asked (exit status 2)."""
 
 
 class UntrustedArtifactError(ArtifactError, PermissionError):

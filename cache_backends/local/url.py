@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
-from cache_backends.options import parse_bool, parse_level, parse_positive_int, parse_seconds
+from cache_backends.options import AGE_S, MAX_SIZE, WAIT_S, parse_bool, parse_level, parse_positive_int, parse_seconds
 from precompile.errors import CacheURLError
 
-#: Query options of a ``file://`` URL and their parsers.
+#: Query options of a ``file://`` URL and their parsers; each number is finite and bounded
+#: (:mod:`cache_backends.options`).
 URL_OPTIONS: dict[str, Callable[[str, str], object]] = {
-    "max_bytes": parse_positive_int,
+    "max_bytes": functools.partial(parse_positive_int, most=MAX_SIZE),
     "read_only": parse_bool,
-    "grace_s": parse_seconds,
+    "grace_s": functools.partial(parse_seconds, most=AGE_S),
     "level": parse_level,
-    "fetch_wait": parse_seconds,
+    "fetch_wait": functools.partial(parse_seconds, most=WAIT_S),
 }
 
 
@@ -28,7 +30,7 @@ def parse_file_url(url: str) -> tuple[str, dict[str, object]]:
 
     Raises:
         CacheURLError: the scheme is not ``file``, the URL names a host, the path is not absolute, an option is
-            unknown, given twice or malformed, or the URL has a fragment.
+            unknown, given twice, malformed or out of its range, or the URL has a fragment.
     """
     if not isinstance(url, str):
         raise CacheURLError(f"a cache URL must be a string such as 'file:///var/cache/precompile', got {url!r}")

@@ -178,6 +178,7 @@ class BlobsMixin:
         read = BlobsRead()
         warn = log.debug if replica else log.warning
         refresh = self.ttl_s is not None and not self.read_only
+        drop = "a miss, left in place (read-only cache)" if self.read_only else "dropping it"  # as :meth:`_drop` does
         deadline = current_deadline()
         with self._talk(f"reading {len(unique)} blob(s)", replica=replica):
             pipe = client.pipeline(transaction=False)
@@ -191,7 +192,7 @@ class BlobsMixin:
         chunked: list[tuple[str, codec.ChunkedHead]] = []
         for d, head in heads.items():
             if head is WRONG_TYPE:
-                warn("Redis blob %s in %s is a key of another type, not a blob; dropping it", d[:12], self.url)
+                warn("Redis blob %s in %s is a key of another type, not a blob; %s", d[:12], self.url, drop)
                 heads[d] = None
                 read.bad.append(d)
                 continue
@@ -205,14 +206,14 @@ class BlobsMixin:
                 if codec.head_kind(head) in (codec.INLINE_ZSTD, codec.INLINE_RAW):
                     data, why = codec.decode_inline(d, head, bound[d])
                     if data is None:
-                        warn("Redis blob %s in %s %s; dropping it", d[:12], self.url, why)
+                        warn("Redis blob %s in %s %s; %s", d[:12], self.url, why, drop)
                         read.bad.append(d)
                     else:
                         read.found[d] = data
                     continue
                 parsed = codec.parse_chunked(head)
                 if parsed is None:
-                    warn("Redis blob %s in %s has a garbled head; dropping it", d[:12], self.url)
+                    warn("Redis blob %s in %s has a garbled head; %s", d[:12], self.url, drop)
                     read.bad.append(d)
                     continue
                 codec.check_chunked(parsed, bound[d])
@@ -227,7 +228,7 @@ class BlobsMixin:
                 read.over.append(self._over_limit(d, err, warn))
                 continue
             if data is None:
-                warn("Redis blob %s in %s %s; dropping it", d[:12], self.url, why)
+                warn("Redis blob %s in %s %s; %s", d[:12], self.url, why, drop)
                 read.bad.append(d)
             else:
                 read.found[d] = data

@@ -104,7 +104,8 @@ class RedisCache(ReplicasMixin, BlobsMixin, CountersMixin, LeasesMixin, UpkeepMi
     ``counters`` (1/0: send counter increments; default 1, and 0 with ``read_only=1``: a read-only serving worker
     that should count its hits in the fleet's hit rate sets ``read_only=1&counters=1``, with an ACL selector that
     allows only ``HINCRBY`` on the counters key, e.g. ``(~precompile:counters +hincrby)``).
-    Other query options (``ssl_ca_certs``, ``health_check_interval``...) go to redis-py's ``from_url``.
+    Other query options (``ssl_ca_certs``, ``health_check_interval``...) go to redis-py's ``from_url``; ``ssl_*``
+    only with ``rediss://``.  Every number is finite and bounded (:mod:`cache_backends.options`).
 
     Args:
         client: a ``redis.Redis`` or ``redis.cluster.RedisCluster`` (bytes replies, ``decode_responses`` off).
@@ -256,7 +257,7 @@ class RedisCache(ReplicasMixin, BlobsMixin, CountersMixin, LeasesMixin, UpkeepMi
 
     def _read_only_message(self, what: str) -> str:
         why = "it was opened with read_only=1" if self._configured_read_only else "its user may not write"
-        return f"cannot {what}: Redis cache {self.url} is read-only ({why})"
+        return f"not {what}: Redis cache {self.url} is read-only ({why})"
 
     # ------------------------------------------------------------------------------------------------- refs
     @retrying
@@ -281,8 +282,9 @@ class RedisCache(ReplicasMixin, BlobsMixin, CountersMixin, LeasesMixin, UpkeepMi
             return MISS
         text = raw.decode("ascii", "replace") if isinstance(raw, bytes) else ""  # WRONG_TYPE: a hash, a list...
         if not HEX64.match(text):
-            log.warning("Redis ref %s in %s does not hold a digest%s; dropping it", key[:12], self.url,
-                        " (it is a key of another type)" if raw is WRONG_TYPE else "")
+            log.warning("Redis ref %s in %s does not hold a digest%s; %s", key[:12], self.url,
+                        " (it is a key of another type)" if raw is WRONG_TYPE else "",
+                        "a miss, left in place (read-only cache)" if self.read_only else "dropping it")
             self._count(errors=1)
             if not self.read_only:
                 try:

@@ -19,7 +19,12 @@ import redis
 import redis.exceptions as rex
 
 from cache_backends.options import (
+    AGE_S,
+    MAX_CHUNK,
+    TIMEOUT_S,
+    WAIT_S,
     parse_bool,
+    parse_int_range,
     parse_level,
     parse_nodes,
     parse_positive_seconds,
@@ -41,22 +46,34 @@ DOWN_ERRORS: tuple[type[BaseException], ...] = (rex.ConnectionError, rex.Timeout
 if hasattr(rex, "MaxConnectionsError"):
     DOWN_ERRORS += (rex.MaxConnectionsError,)
 
-#: Our URL options (removed before the URL goes to redis-py) and their parsers.
+#: Our URL options (removed before the URL goes to redis-py) and their parsers; each number is finite and bounded
+#: (:mod:`cache_backends.options`).
 URL_OPTIONS: dict[str, Callable[[str, str], object]] = {
     "prefix": parse_prefix,
-    "ttl": parse_positive_seconds,
-    "chunk_size": parse_size,
+    "ttl": functools.partial(parse_positive_seconds, most=AGE_S),
+    "chunk_size": functools.partial(parse_size, most=MAX_CHUNK),
     "read_only": parse_bool,
     "cluster": parse_bool,
-    "lease_ttl": parse_positive_seconds,
-    "wait": parse_seconds,
-    "timeout": parse_positive_seconds,
-    "down_s": parse_seconds,
+    "lease_ttl": functools.partial(parse_positive_seconds, most=WAIT_S),
+    "wait": functools.partial(parse_seconds, most=WAIT_S),
+    "timeout": functools.partial(parse_positive_seconds, most=TIMEOUT_S),
+    "down_s": functools.partial(parse_seconds, most=WAIT_S),
     "level": parse_level,
     "counters": parse_bool,
     "replica_reads": parse_bool,
-    "retry_s": parse_seconds,
+    "retry_s": functools.partial(parse_seconds, most=TIMEOUT_S),
     "nodes": parse_nodes,
+}
+#: redis-py's own numeric URL options, checked here the same way and passed on as given (a socket timeout of
+#: 1e306 overflowed a timeval in redis-py).
+REDIS_PY_NUMBERS: dict[str, Callable[[str, str], object]] = {
+    "socket_timeout": functools.partial(parse_positive_seconds, most=TIMEOUT_S),
+    "socket_connect_timeout": functools.partial(parse_positive_seconds, most=TIMEOUT_S),
+    "health_check_interval": functools.partial(parse_int_range, lowest=0, most=int(WAIT_S)),
+    "db": functools.partial(parse_int_range, lowest=0, most=(1 << 31) - 1),
+    "max_connections": functools.partial(parse_int_range, lowest=1, most=1 << 20),
+    "socket_read_size": functools.partial(parse_int_range, lowest=1, most=MAX_CHUNK),
+    "protocol": functools.partial(parse_int_range, lowest=2, most=3),
 }
 
 #: URL option -> keyword argument of ``RedisCache.__init__``.
@@ -83,9 +100,9 @@ def open_client(url: str) -> tuple[Any, str, dict[str, Any]]:
         (READONLY connections; see :mod:`cache_backends.redis.replicas`).  ``retry_s`` is always given.
 
     Raises:
-        CacheURLError: the scheme is not a Redis one, an option is unknown, repeated or malformed, or
-            ``cluster=1`` is combined with ``unix://`` or a database other than 0, or ``replica_reads=1`` is
-            given without ``cluster=1``.
+        CacheURLError: the scheme is not a Redis one, an option is unknown, repeated, malformed or out of its
+            range, ``cluster=1`` is combined with ``unix://`` or a database other than 0, ``replica_reads=1`` is
+            given without ``cluster=1``, or an ``ssl_*`` option without ``rediss://``.
         CacheUnavailableError: none of a cluster's known nodes can be reached.
     """
     parts = urlsplit(url.strip())
@@ -108,6 +125,11 @@ def open_client(url: str) -> tuple[Any, str, dict[str, Any]]:
                 raise CacheURLError(f"option {name!r} given twice in cache URL {redact(url)!r}")
             ours[name] = URL_OPTIONS[name](name, raw)
         elif name in redis_url_options() or name.startswith("ssl_") or name == "client_name":
+            if name.startswith("ssl_") and scheme != "rediss":  # redis-py hands them to a plain connection: TypeError
+                raise CacheURLError(f"option {name!r} of cache URL {redact(url)!r} configures TLS, which needs a "
+                                    "rediss:// URL; use rediss:// (or drop the ssl_* options)")
+            if name in REDIS_PY_NUMBERS:
+                REDIS_PY_NUMBERS[name](name, raw)
             passthrough.append((name, raw))
         else:
             raise CacheURLError(f"unknown option {name!r} in cache URL {redact(url)!r}; precompile's: "

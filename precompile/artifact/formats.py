@@ -43,6 +43,7 @@ from cache_backends.bounded import (
 from precompile import config
 from precompile.artifact import names
 from precompile.artifact.manifest import Manifest, load_json
+from precompile.artifact.output import replacing
 from precompile.errors import ArtifactFormatError, InputLimitError, NotRegularFileError, PrecompileError
 
 MAGIC = b"\x89PCART\r\n"
@@ -55,8 +56,7 @@ def write_binary(path: Path, manifest: bytes, blobs: dict[str, bytes]) -> None:
     import zstandard
 
     comp = zstandard.ZstdCompressor(level=3)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.incomplete")
-    with open(tmp, "wb") as f:
+    with replacing(path, "artifact") as f:  # a regular file or a new one, never a device (OutputPathError)
         f.write(MAGIC)
         f.write(struct.pack("<I", config.FORMAT_VERSION))
         f.write(struct.pack("<Q", len(manifest)))
@@ -68,9 +68,6 @@ def write_binary(path: Path, manifest: bytes, blobs: dict[str, bytes]) -> None:
             f.write(struct.pack("<Q", len(z)))
             f.write(z)
         f.write(END)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def read_binary(path: Path, check: Callable[[Manifest], None] | None = None) -> tuple[Manifest, dict[str, bytes]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import click
@@ -18,13 +19,14 @@ from precompile.cli.group import main
 def ls_cmd(cache_url: str | None, as_json: bool) -> None:
     """List the artifacts in a cache.  An entry whose manifest is missing, damaged or malformed is listed as
     such, with why; the others are listed as usual."""
-    from precompile.store.lookup import stored_entries
+    from precompile.store.lookup import iter_entries
 
     cache = open_existing(cache_url)
-    items = [_item(e.key, e.manifest, e.problem) for e in stored_entries(cache)]
+    entries = (_item(e.key, e.manifest, e.problem) for e in iter_entries(cache))
     if as_json:
-        click.echo(json.dumps(items))
+        _stream_json(entries)
         return
+    items = list(entries)
     from rich.text import Text
 
     functions = sum(1 for it in items if it.get("kind") == "function")
@@ -55,6 +57,17 @@ def ls_cmd(cache_url: str | None, as_json: bool) -> None:
                       human_bytes(it["bytes"]), _seconds(it["build_seconds"]),
                       json.dumps(it["options"]) if it["options"] else "", str(it["created"] or "")[:19])
     console().print(t)
+
+
+def _stream_json(items: Iterator[dict[str, Any]]) -> None:
+    """Print ``items`` as one JSON array, the bytes ``json.dumps(list(items))`` and a newline would be, written
+    as each item comes (a listing of 100,000 refs once held every manifest and then the whole text)."""
+    out = click.get_text_stream("stdout")
+    out.write("[")
+    for i, item in enumerate(items):
+        out.write((", " if i else "") + json.dumps(item))
+    out.write("]\n")
+    out.flush()
 
 
 def _seconds(value: Any) -> str:

@@ -50,7 +50,7 @@ def export_cmd(keys: tuple[str, ...], cache_url: str | None, output: str, export
 
 
 @main.command(name="import")
-@click.argument("bundle", type=click.Path(dir_okay=False))
+@click.argument("bundle")  # a directory, a FIFO, a device: refused by the bundle reader, in one line (exit 2)
 @cache_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def import_cmd(bundle: str, cache_url: str | None, as_json: bool) -> None:

@@ -35,14 +35,22 @@ def console_err():
     return Console(stderr=True)
 
 
-#: Characters that could drive a terminal (C0 and C1 controls, DEL): shown escaped, never written as they are.
-_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+#: Characters that could drive a terminal (C0 and C1 controls, DEL), and lone surrogates (``"\udc80"`` in stored
+#: JSON): shown escaped, never written as they are.  A surrogate cannot be encoded as UTF-8 (a strict stdout raised
+#: UnicodeEncodeError for the whole listing), and ``surrogateescape`` would write it as a raw byte (``\udc9b`` as
+#: 0x9b, an 8-bit terminal's CSI).
+_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
 
 
 def clean(text: str) -> str:
-    """``text`` with its control characters (but newlines and tabs) shown escaped (``\\x1b``): stored text
-    written to a terminal never drives it."""
-    return _CONTROLS.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+    """``text`` with its control characters (but newlines and tabs) and lone surrogates shown escaped (``\\x1b``,
+    ``\\udc80``): stored text written to a terminal never drives it, and always encodes."""
+    return _CONTROLS.sub(_escaped, text)
+
+
+def _escaped(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
 def plain(value: Any, limit: int | None = None):

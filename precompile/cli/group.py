@@ -5,10 +5,14 @@ Each command module registers itself on :func:`main`; :mod:`precompile.cli` impo
 
 from __future__ import annotations
 
+import contextlib
+import sys
+
 import click
 
 from precompile.config import setup_logging
-from precompile.errors import CacheURLError, ConfigError, NotAnArtifactPathError, PrecompileError, RecipeError
+from precompile.errors import (CacheURLError, ConfigError, NotAnArtifactPathError, OutputPathError, PrecompileError,
+                               RecipeError)
 
 
 class _Main(click.Group):
@@ -17,7 +21,7 @@ class _Main(click.Group):
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
-        except (CacheURLError, ConfigError, RecipeError, NotAnArtifactPathError) as err:
+        except (CacheURLError, ConfigError, RecipeError, NotAnArtifactPathError, OutputPathError) as err:
             _fail(err, 2)
         except PrecompileError as err:
             _fail(err, 1)
@@ -35,3 +39,13 @@ def _fail(err: Exception, code: int) -> None:
 def main(verbose: bool, quiet: bool) -> None:
     """precompile: compile PyTorch graphs once, load them fast and verified from a cache."""
     setup_logging(quiet=quiet, verbose=verbose)
+    _escape_unencodable()
+
+
+def _escape_unencodable() -> None:
+    """Text stdout's encoding cannot hold (stored text under an ASCII or Latin-1 locale) is written escaped
+    (``\\xe9``), as Python writes stderr, instead of failing the command with UnicodeEncodeError."""
+    reconfigure = getattr(sys.stdout, "reconfigure", None)  # not a text stream under click's test runner
+    if reconfigure is not None:
+        with contextlib.suppress(ValueError, OSError):
+            reconfigure(errors="backslashreplace")

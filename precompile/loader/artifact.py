@@ -315,6 +315,8 @@ class Artifact:
         Raises:
             ValueError: ``format`` is neither ``"binary"`` nor ``"unpacked"``.
             FileNotFoundError: the directory ``path`` is in does not exist (``"binary"``; ``"unpacked"`` creates it).
+            OutputPathError: (``"binary"``) ``path`` names a directory, a device, a FIFO, a socket or a symlink:
+                nothing is written or replaced.
             UnsafePathError: (``"unpacked"``) a kernel, wrapper or binary name would be written outside ``path``.
             ArtifactNotFoundError: a part of the artifact could not be read to write it.
             TrustConfigError: a signing or verify key setting is wrong or names no key (nothing is written).

@@ -30,7 +30,9 @@ from typing import IO, Any
 
 from cache_backends.base import HEX64, MISS, Cache, decompress_frame, digest_bytes
 from cache_backends.bounded import MAX_BLOB_BYTES, MAX_MANIFEST_BYTES, frame_bound, loads_json, open_regular, read_exact
-from precompile.errors import ArtifactFormatError, ArtifactNotFoundError, InputLimitError
+from precompile.artifact.output import check_output, replacing
+from precompile.errors import (ArtifactFormatError, ArtifactNotFoundError, InputLimitError, NotAnArtifactPathError,
+                               NotRegularFileError)
 from precompile.ops.bundle_json import digests_in, manifest_key, required_parts
 
 MAGIC = b"\x89PCBNDL\n"
@@ -106,13 +108,15 @@ def export(cache: Cache, keys: list[str], path: str | os.PathLike[str]) -> Expor
 
     Raises:
         ArtifactNotFoundError: a key is not stored or is incomplete (nothing is written).
+        OutputPathError: ``path`` names a directory, a device, a FIFO, a socket or a symlink (nothing is written
+            or replaced: :mod:`precompile.artifact.output`).
         FileNotFoundError: the directory of ``path`` does not exist.
         CacheUnavailableError: the cache cannot be read.
         OSError: the file cannot be written.
     """
     import zstandard
 
-    path = Path(path)
+    path = check_output(path, "bundle")  # before the cache is read: a device or directory there is a mistake
     if not path.parent.is_dir():
         raise FileNotFoundError(f"cannot write bundle {path}: directory {path.parent} does not exist")
     refs: list[dict[str, str]] = []
@@ -126,29 +130,21 @@ def export(cache: Cache, keys: list[str], path: str | os.PathLike[str]) -> Expor
     header = json.dumps({"bundle": VERSION, "precompile": _version(), "created": datetime.now(timezone.utc).isoformat(),
                          "refs": refs, "blobs": len(blob_order)}, sort_keys=True).encode()
     comp = zstandard.ZstdCompressor(level=3)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.incomplete")
     hasher = hashlib.sha256()
-    try:
-        with open(tmp, "wb") as f:
-            def put(b: bytes) -> None:
-                hasher.update(b)
-                f.write(b)
+    with replacing(path, "bundle") as f:
+        def put(b: bytes) -> None:
+            hasher.update(b)
+            f.write(b)
 
-            put(MAGIC + struct.pack("<I", VERSION) + struct.pack("<Q", len(header)) + header)
-            for d, bound in blob_order.items():
-                data = cache.get_blob(d, bound)  # no larger than when the closure read it
-                if data is MISS:
-                    raise ArtifactNotFoundError(f"blob {d[:12]} vanished from {cache.url} during the export (or "
-                                                "was replaced by one larger than its manifest records)")
-                frame = comp.compress(data)  # type: ignore[arg-type]
-                put(_BLOB_HEAD.pack(bytes.fromhex(d), len(frame)) + frame)
-            f.write(END + hasher.digest())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+        put(MAGIC + struct.pack("<I", VERSION) + struct.pack("<Q", len(header)) + header)
+        for d, bound in blob_order.items():
+            data = cache.get_blob(d, bound)  # no larger than when the closure read it
+            if data is MISS:
+                raise ArtifactNotFoundError(f"blob {d[:12]} vanished from {cache.url} during the export (or "
+                                            "was replaced by one larger than its manifest records)")
+            frame = comp.compress(data)  # type: ignore[arg-type]
+            put(_BLOB_HEAD.pack(bytes.fromhex(d), len(frame)) + frame)
+        f.write(END + hasher.digest())
     return Exported(str(path), refs, len(blob_order), path.stat().st_size)
 
 
@@ -193,10 +189,20 @@ def read_header(path: str | os.PathLike[str]) -> tuple[dict[str, Any], int]:
             does not match (tampered or damaged), or a header over its bounds (:data:`MAX_HEADER` bytes, the JSON
             depth bound: chained to the :class:`~precompile.errors.InputLimitError`).
         FileNotFoundError: no file at ``path``.
-        NotRegularFileError: ``path`` is a FIFO, a device, a directory or a socket (never read; opening never
-            blocks).
+        NotAnArtifactPathError: ``path`` is a FIFO, a device, a directory or a socket (never read; opening never
+            blocks), or a file that cannot be read (``/proc/self/mem``).
     """
     path = Path(path)
+    try:
+        return _read_header(path)
+    except FileNotFoundError:
+        raise
+    except OSError as err:  # NotRegularFileError (a FIFO, a device: never read), EIO from /proc/self/mem, EACCES
+        why = err if isinstance(err, NotRegularFileError) else f"bundle {path} cannot be read ({err.strerror or err})"
+        raise NotAnArtifactPathError(f"{why}; nothing was imported") from err
+
+
+def _read_header(path: Path) -> tuple[dict[str, Any], int]:
     with open_regular(path, "bundle") as f:
         size = os.fstat(f.fileno()).st_size
         if f.read(len(MAGIC)) != MAGIC:

@@ -11,7 +11,8 @@ from cache_backends.base import MISS, Cache
 from cache_backends.bounded import MAX_MANIFEST_BYTES
 from precompile import config, metrics
 from precompile.artifact.manifest import Manifest, ManifestJSON, load_json
-from precompile.errors import ArtifactFormatError, ArtifactNotFoundError, CacheError, UnsafePathError
+from precompile.errors import (ArtifactFormatError, ArtifactNotFoundError, CacheError, CacheReadOnlyError,
+                               UnsafePathError)
 from precompile.loader.engine import start_primer
 from precompile.metrics import safe_incr, warn_once
 
@@ -156,16 +157,22 @@ def read_manifest_doc(cache: Cache, key: str, policy: Any, what: str, *,
 
 def drop_ref(cache: Cache, key: str, why: str, what: str = "cache entry", *, digest: str | None = None) -> None:
     """Drop the ref of a damaged entry (logged, counted as a ``damaged`` miss) so that the next writer replaces
-    it; a cache that cannot delete leaves it (never raises).  With ``digest`` (the manifest digest found damaged),
-    only a ref that still names it is deleted: a writer's newer ref stays, and so does a tiered cache's remote ref
-    when the damage was in its local tier."""
+    it; a cache that cannot delete leaves it (never raises), and the message says so: a read-only cache's entry
+    stays a miss until a writer reads it (and drops it) or stores the key again.  With ``digest`` (the manifest
+    digest found damaged), only a ref that still names it is deleted: a writer's newer ref stays, and so does a
+    tiered cache's remote ref when the damage was in its local tier."""
     # corrupt blobs were already counted under ``errors`` by the backend that dropped them
     metrics.note_miss("damaged")
-    log.warning("%s %s in %s is unusable (%s); dropping it so it is rebuilt", what, key[:12], cache.url, why)
+    unusable = f"{what} {key[:12]} in {cache.url} is unusable ({why})"
     try:
         cache.delete_ref(key, digest)
-    except CacheError:
-        pass
+    except CacheReadOnlyError:
+        log.warning("%s; a miss, left in place (read-only cache): a writer drops it when it reads it, or replaces "
+                    "it when it stores this key", unusable)
+    except CacheError as err:
+        log.warning("%s; a miss, left in place: dropping it failed (%s)", unusable, err)
+    else:
+        log.warning("%s; dropping it so it is rebuilt", unusable)
 
 
 def signed_for_store(cache: Cache, manifest: M, what: str) -> M | None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import re
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -242,28 +242,43 @@ class Entry:
     problem: str | None
 
 
-def stored_entries(cache: Cache) -> list[Entry]:
-    """Every ref of ``cache`` with its manifest and whether it is well formed, sorted by key.  One malformed
-    entry never hides the others.
+#: Manifests read per round trip by :func:`iter_entries` (a few MB at most: manifests are KBs).
+ENTRY_BATCH = 256
+
+
+def iter_entries(cache: Cache) -> Iterator[Entry]:
+    """Every ref of ``cache`` with its manifest and whether it is well formed, sorted by key, one at a time: the
+    manifests are read :data:`ENTRY_BATCH` at a time and each is parsed once, so a listing of 100,000 refs holds
+    one batch, not the cache.  One malformed entry never hides the others.
 
     Raises:
         CacheUnavailableError: the cache cannot be listed or read.
     """
     refs = sorted(cache.iter_refs())
-    blobs = cache.get_blobs(list(dict.fromkeys(d for _, d in refs)), MAX_MANIFEST_BYTES)
-    out: list[Entry] = []
-    for key, digest in refs:
-        raw = blobs.get(digest, MISS)
-        if raw is MISS:
-            out.append(Entry(key, None, "manifest missing, corrupt or over its size bound"))
-            continue
-        try:
-            doc = parse_manifest(raw, "manifest")  # type: ignore[arg-type]
-        except ArtifactFormatError as err:
-            out.append(Entry(key, None, str(err)))
-            continue
-        out.append(Entry(key, doc, problem(doc)))
-    return out
+    for start in range(0, len(refs), ENTRY_BATCH):
+        batch = refs[start:start + ENTRY_BATCH]
+        blobs = cache.get_blobs(list(dict.fromkeys(d for _, d in batch)), MAX_MANIFEST_BYTES)
+        for key, digest in batch:
+            raw = blobs.get(digest, MISS)
+            if raw is MISS:
+                yield Entry(key, None, "manifest missing, corrupt or over its size bound")
+                continue
+            try:
+                doc = parse_manifest(raw, "manifest")  # type: ignore[arg-type]
+            except ArtifactFormatError as err:
+                yield Entry(key, None, str(err))
+                continue
+            yield Entry(key, doc, problem(doc))
+
+
+def stored_entries(cache: Cache) -> list[Entry]:
+    """Every ref of ``cache`` with its manifest and whether it is well formed, sorted by key (:func:`iter_entries`,
+    all kept).
+
+    Raises:
+        CacheUnavailableError: the cache cannot be listed or read.
+    """
+    return list(iter_entries(cache))
 
 
 def stored_manifests(cache: Cache) -> list[tuple[str, dict[str, Any] | None]]:
@@ -276,6 +291,6 @@ def stored_manifests(cache: Cache) -> list[tuple[str, dict[str, Any] | None]]:
     return [(e.key, e.manifest if e.problem is None else None) for e in stored_entries(cache)]
 
 
-__all__ = ["MAX_MANIFEST_BYTES", "MIN_PREFIX", "Entry", "Source", "from_cache", "from_path", "is_key_prefix",
-           "open_target", "parse_manifest", "problem", "resolve_key", "stored_entries", "stored_manifest",
-           "stored_manifests"]
+__all__ = ["ENTRY_BATCH", "MAX_MANIFEST_BYTES", "MIN_PREFIX", "Entry", "Source", "from_cache", "from_path",
+           "is_key_prefix", "iter_entries", "open_target", "parse_manifest", "problem", "resolve_key",
+           "stored_entries", "stored_manifest", "stored_manifests"]

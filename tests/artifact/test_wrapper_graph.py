@@ -220,3 +220,48 @@ def test_diff_shows_two_wrapper_graphs_node_by_node():
     assert "-    addmm_out = aten::addmm.out(b, x, as_strided, alpha=1, beta=1, out=empty_strided)" in diff
     assert "+    addmm_out = aten::addmm.out(b, x, as_strided, alpha=1, beta=0, out=empty_strided)" in diff
     assert _wrapper_diff(sources[0], sources[0], 1) == ""
+
+
+FIRST_CALL = """
+import json, sys, torch
+from precompile.artifact.wrapper.codegen import build
+fn = build(json.loads(open(sys.argv[1], "rb").read()))  # as the graph engine builds it (its launcher needs CUDA)
+torch.manual_seed(0)
+x, w = torch.randn(2, 3, 8, 8), torch.randn(4, 3, 3, 3)
+got = fn(x, w)  # the process's first ATen call with a bool argument (``transposed``)
+want = torch.nn.functional.conv2d(x, w, padding=1)
+assert torch.equal(got, want), (got - want).abs().max()
+print("equal")
+"""
+
+
+def test_a_convolution_is_right_as_the_first_call_of_a_fresh_process(tmp_path):
+    """The generated wrapper's globals hold no builtins but ``__import__`` for the C code its calls run: torch's
+    argument parser imports ``torch`` on first use from the calling frame's builtins, which once made the first
+    ``aten::convolution`` of a process raise ``KeyError: '__import__'`` (a warmed process, as at build, passed)."""
+    import subprocess
+    import sys
+
+    from conftest import python_env
+
+    from precompile.inductor.fx_wrapper import stored_graph
+
+    def conv(x, w):
+        return torch.nn.functional.conv2d(x, w, padding=1)
+
+    # without layout optimization Inductor's CPU graph is one library call, which the FX wrapper expresses
+    graph, _, _ = wrapper_graph(torch.fx.symbolic_trace(conv), [torch.randn(2, 3, 8, 8), torch.randn(4, 3, 3, 3)],
+                                {"layout_optimization": False})
+    data = stored_graph(graph)
+    assert isinstance(data, bytes) and b"aten::convolution.default" in data
+    (tmp_path / "conv.json").write_bytes(data)
+    proc = subprocess.run([sys.executable, "-c", FIRST_CALL, str(tmp_path / "conv.json")], capture_output=True,
+                          text=True, env=python_env(), timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "equal", proc.stderr
+    # the wrapper's globals: its bound names and one builtin, which hands out torch and imports nothing else
+    scope = build(json.loads(data)).__globals__
+    assert scope["__builtins__"].keys() == {"__import__"}
+    assert scope["__builtins__"]["__import__"]("torch") is torch
+    with pytest.raises(ImportError, match="only torch's modules"):
+        scope["__builtins__"]["__import__"]("tabnanny")  # a harmless stdlib module nothing here imports
+    assert "tabnanny" not in sys.modules

@@ -7,6 +7,8 @@ import os
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cache_backends.bounded import MAX_JSON_DEPTH, loads_json, read_regular
 from precompile.errors import InputLimitError, NotRegularFileError
@@ -51,6 +53,32 @@ def test_json_deeper_than_the_bound_is_refused_before_parsing():
 def test_brackets_inside_strings_do_not_count_and_escapes_are_honoured():
     doc = {"a": "[[[[{{{{", "b": [1, {"c": '"]]]}}\\'}]}
     assert loads_json(json.dumps(doc), 1 << 10, max_depth=3) == doc
+
+
+_TEXT = st.text(alphabet='[]{}"\\/ab\u00e9\u2028\n', max_size=8)
+_JSON = st.recursive(st.none() | st.booleans() | st.integers() | _TEXT,
+                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_TEXT, inner, max_size=3),
+                     max_leaves=12)
+
+
+def _depth(doc) -> int:
+    if isinstance(doc, list):
+        return 1 + max(map(_depth, doc), default=0)
+    if isinstance(doc, dict):
+        return 1 + max(map(_depth, doc.values()), default=0)
+    return 0
+
+
+@settings(max_examples=150, deadline=None)
+@given(doc=_JSON, ascii_only=st.booleans())
+def test_the_depth_scan_counts_exactly_the_brackets_outside_strings(doc, ascii_only):
+    """Strings full of brackets, quotes and backslashes: the scan finds the document's true depth, no more."""
+    text = json.dumps(doc, ensure_ascii=ascii_only)
+    depth = _depth(doc)
+    assert loads_json(text, 1 << 20, max_depth=depth) == doc
+    if depth:
+        with pytest.raises(InputLimitError, match="deeper"):
+            loads_json(text, 1 << 20, max_depth=depth - 1)
 
 
 def test_json_longer_than_its_bound_is_refused():

@@ -4,6 +4,7 @@ server that is gone or stalled.  What every backend does is in the conformance s
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import socket
@@ -103,7 +104,7 @@ def test_ttl_is_set_and_refreshed_on_hit(redis_server):
     assert r.pttl(keys[1]) > 25_000
 
 
-def test_read_only_url_never_writes(redis_server):
+def test_read_only_url_never_writes(redis_server, caplog):
     writer = open_cache(redis_server.url())
     digest = writer.put_blob(b"artifact part")
     writer.set_ref(KEY, digest)
@@ -116,10 +117,17 @@ def test_read_only_url_never_writes(redis_server):
                   lambda: reader.acquire_lease(KEY)):
         with pytest.raises(CacheReadOnlyError, match="read-only"):
             write()
+    with pytest.raises(CacheReadOnlyError, match=r"^not writing blob \w+: Redis cache .* is read-only \(it was opened"):
+        reader.put_blob(b"x")
     reader.incr(hits=1)  # kept in memory
     r.set(f"precompile:ref:{'cd' * 32}", b"garbage")  # a read-only reader does not even drop garbage
-    assert reader.get_ref("cd" * 32) is MISS
-    assert sorted(r.keys("*")) == sorted([*before, f"precompile:ref:{'cd' * 32}".encode()])
+    r.set(f"precompile:blob:{{{'ef' * 32}}}", b"garbage")
+    with caplog.at_level(logging.WARNING, logger="precompile"):
+        assert reader.get_ref("cd" * 32) is MISS and reader.get_blob("ef" * 32) is MISS
+    said = [rec.getMessage() for rec in caplog.records]
+    assert len(said) == 2 and all("a miss, left in place (read-only cache)" in m for m in said), said
+    assert sorted(r.keys("*")) == sorted([*before, *(f"precompile:{k}".encode() for k in
+                                                     (f"ref:{'cd' * 32}", f"blob:{{{'ef' * 32}}}"))])
     assert r.pttl(f"precompile:ref:{KEY}") == -1  # no TTL refresh either
     assert reader.counters()["hits"] == 1 and r.hget("precompile:counters", "hits") is None
 
@@ -172,6 +180,20 @@ def test_unix_socket_database_and_prefix(redis_server):
     ("redis://127.0.0.1:6379/0?prefix=a{b}", "prefix"),
     ("redis://127.0.0.1:6379/0?bogus=1", "unknown option 'bogus'"),
     ("redis://127.0.0.1:6379/0?ttl=1&ttl=2", "twice"),
+    # every number finite and bounded (1e999 and 1e306 overflowed an int, a millisecond count or a timeval)
+    ("redis://127.0.0.1:6379/0?chunk_size=1e999", r"chunk_size= must be a size in bytes from 1 to 536870912"),
+    ("redis://127.0.0.1:6379/0?chunk_size=1GiB", r"chunk_size= .* \(512 MiB\)"),
+    ("redis://127.0.0.1:6379/0?ttl=1e306", r"ttl= must be a number of seconds > 0 and at most 315360000"),
+    ("redis://127.0.0.1:6379/0?timeout=1e306", r"timeout= .* at most 3600 \(1 hour\)"),
+    ("redis://127.0.0.1:6379/0?lease_ttl=nan", "lease_ttl="),
+    ("redis://127.0.0.1:6379/0?wait=inf", r"wait= .* at most 86400 \(1 day\)"),
+    ("redis://127.0.0.1:6379/0?down_s=1e306", "down_s="),
+    ("redis://127.0.0.1:6379/0?retry_s=-1", "retry_s="),
+    ("redis://127.0.0.1:6379/0?level=23", "zstd level from -131072 to 22"),
+    ("redis://127.0.0.1:6379/0?socket_timeout=1e306", "socket_timeout="),  # redis-py's own, checked too
+    ("redis://127.0.0.1:6379/0?health_check_interval=1e999", "health_check_interval="),
+    ("redis://127.0.0.1:6379/0?ssl_cert_reqs=none", r"'ssl_cert_reqs' .* needs a rediss:// URL"),
+    ("unix:///run/redis.sock?ssl_ca_certs=/x", "needs a rediss:// URL"),
     ("redis:///0", "names no host"),
     ("unix:///run/redis.sock?cluster=1", "cluster=1 needs"),
     ("unix://127.0.0.1:6379", "names no socket path"),

@@ -31,7 +31,7 @@ def timed_cli(*args: str):
 def test_import_of_a_fifo_or_a_deeply_nested_header_is_one_error_line(tmp_path):
     os.mkfifo(tmp_path / "fifo.pcb")
     proc = timed_cli("import", str(tmp_path / "fifo.pcb"), "--cache", str(tmp_path / "dest"))
-    assert proc.returncode == 1 and "not a regular file" in error_line(proc)
+    assert proc.returncode == 2 and "not a regular file" in error_line(proc)  # the caller's mistake, as inspect
     header = b"[" * 200_000 + b"]" * 200_000
     body = MAGIC + struct.pack("<I", VERSION) + struct.pack("<Q", len(header)) + header
     (tmp_path / "deep.pcb").write_bytes(body + END + hashlib.sha256(body).digest())

@@ -23,6 +23,14 @@ def dead_redis() -> str:
     (["stats", "--cache", "ftp://x"], {}, 2, "no cache backend handles ftp:// URLs"),
     (["inspect", "abcdef", "--cache", "file://{tmp}/c?max_bytes=lots"], {}, 2, "max_bytes= must be a positive"),
     (["ls", "--cache", "redis://127.0.0.1:6379/0?colour=blue"], {}, 2, "unknown option 'colour'"),
+    # numbers that overflowed (OverflowError tracebacks), and TLS options handed to a plain connection (TypeError)
+    (["ls", "--cache", "redis://127.0.0.1:6379/0?chunk_size=1e999"], {}, 2, "chunk_size= must be a size in bytes "
+                                                                             "from 1 to 536870912 (512 MiB)"),
+    (["ls", "--cache", "redis://127.0.0.1:6379/0?ttl=1e306"], {}, 2, "ttl= must be a number of seconds > 0 and at "
+                                                                     "most 315360000 (10 years)"),
+    (["stats", "--cache", "redis://127.0.0.1:6379/0?timeout=1e306"], {}, 2, "timeout= must be a number of seconds"),
+    (["stats", "--cache", "redis://127.0.0.1:6379/0?ssl_cert_reqs=none"], {}, 2, "needs a rediss:// URL"),
+    (["ls", "--cache", "file://{tmp}/local?grace_s=inf"], {}, 2, "grace_s= must be a number of seconds >= 0"),
     (["ls", "--cache", "file://{tmp}/nonexistent/deep/dir"], {}, 1, "no cache at file://"),
     (["stats", "--cache", "{tmp}/nonexistent"], {}, 1, "does not exist"),
     (["verify", "--cache", "file://{tmp}/gone"], {}, 1, "no cache at"),

@@ -9,10 +9,11 @@ from __future__ import annotations
 import json
 import os
 import socket
+import stat
 from typing import Any
 
 import pytest
-from _cli import cli, error_line
+from _cli import cli, error_line, store_variant
 
 from cache_backends.base import digest_bytes
 from cache_backends.local.cache import LocalCache
@@ -131,6 +132,41 @@ def test_stored_markup_and_controls_are_printed_as_text(cache_copy):
     run("explain", keys["option"], "--cache", url)
 
 
+LONE = "\udc80 \ud800 \udc9b"  # lone surrogates, as JSON's "\\udc80" reads; \udc9b would be CSI as a raw byte
+
+
+def test_text_stdout_cannot_encode_is_printed_escaped(cache_copy):
+    """Lone surrogates in stored fields (issue 34: one in ``build.created`` failed ``ls`` for the whole cache on a
+    strict UTF-8 stdout) and, under an ASCII locale, any non-ASCII text: every listing and printing command
+    prints them escaped and exits as it would without them."""
+    d = cache_copy()
+    good, doc = good_manifest(d)
+    url = f"file://{d}"
+    text = LONE + " caf\u00e9"
+    created = store_variant(url, good, _set("build.created", text))
+    option = store_variant(url, good, _set("factors.options", {text: text}))
+    placeholder = store_variant(url, good, _set("placeholders.0.dtype", text))
+    function = plant(d, function_manifest(LocalCache(d).put_blob(b"x"), text), "lone function")
+    record = plant(d, record_manifest(text), "lone record")
+    env = {"PYTHONIOENCODING": "utf-8"}  # strict: Python's own default for a UTF-8 locale is surrogateescape
+    escaped = "\\udc80 \\ud800 \\udc9b"
+    out = run("ls", "--cache", url, env=env).stdout
+    assert escaped in out and "\x9b" not in out and all(k[:16] in out for k in (created, function, record))
+    listed = {it["key"]: it for it in json.loads(run("ls", "--json", "--cache", url, env=env).stdout)}
+    assert listed[created]["created"] == text  # JSON escapes it (\udc80): consumers read back what was stored
+    for key in (created, option, placeholder, function, record):
+        assert escaped in run("inspect", key, "--cache", url, env=env).stdout, key
+        assert json.loads(run("inspect", key, "--json", "--cache", url, env=env).stdout)["key"] == key
+    assert escaped in run("diff", good, option, "--cache", url, env=env).stdout
+    run("explain", option, "--cache", url, env=env)
+    run("stats", "--cache", url, env=env)
+    verify = run("verify", "--cache", url, env=env, code=1)  # the planted function and record are refs to fix
+    assert "Traceback" not in verify.stdout and function[:16] in verify.stdout
+    ascii_env = {"PYTHONIOENCODING": "ascii"}  # what the encoding cannot hold is escaped too
+    assert "caf\\xe9" in run("ls", "--cache", url, env=ascii_env).stdout
+    assert "caf\\xe9" in run("inspect", created, "--cache", url, env=ascii_env).stdout
+
+
 STRUCTURAL = {
     "no placeholders": _set("placeholders", KeyError), "blobs a list": _set("blobs", []),
     "placeholders a dict": _set("placeholders", {}), "a placeholder an int": _set("placeholders.0", 7),
@@ -245,3 +281,61 @@ def test_a_bad_key_setting_is_exit_2_for_every_command_that_reads(cache_copy, tm
     precompile.load(good, cache=url).save(saved)
     line = error_line(run("inspect", str(saved), env={"PRECOMPILE_VERIFY_KEYS": ","}, code=2))
     assert "names no key" in line
+
+
+def _not_a_file(what: str, tmp_path) -> tuple[str, Any]:
+    """A path in ``tmp_path`` holding ``what`` (never a real device node: a copy of /dev/full's numbers, made here
+    as root), and what holds it open."""
+    path, held = str(tmp_path / what.replace(" ", "_")), None
+    if what == "a directory":
+        os.mkdir(path)
+    elif what == "a FIFO":
+        os.mkfifo(path)
+    elif what == "a socket":
+        held = socket.socket(socket.AF_UNIX)
+        held.bind(path)
+    elif what == "a device":
+        try:
+            os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, 7))
+        except PermissionError:
+            pytest.skip("a device node can be made only as root")
+    elif what == "a symlink":
+        (tmp_path / "target").write_bytes(b"kept")
+        os.symlink(tmp_path / "target", path)
+    return path, held
+
+
+NOT_FILES = ["a directory", "a FIFO", "a socket", "a device", "a symlink"]
+
+
+@pytest.mark.parametrize("what", NOT_FILES)
+def test_export_never_writes_or_replaces_anything_but_a_regular_file(what, cache_copy, tmp_path):
+    """``export -o`` a directory once failed with a traceback; as root, ``-o /dev/full`` replaced the device node
+    with a regular file.  Now: one line, exit status 2, and what was there is still there, untouched."""
+    d = cache_copy()
+    good, _ = good_manifest(d)
+    path, held = _not_a_file(what, tmp_path)
+    before = os.lstat(path)
+    try:
+        for out in [path] + ([path + "/"] if what == "a directory" else [f"{path}/b.pcb"] if what == "a FIFO" else []):
+            line = error_line(run("export", good, "-o", out, "--cache", f"file://{d}", code=2))
+            assert "cannot write bundle" in line and path in line, line
+        after = os.lstat(path)
+        assert (after.st_mode, after.st_ino, after.st_rdev) == (before.st_mode, before.st_ino, before.st_rdev)
+        assert not list(tmp_path.glob(".*incomplete")) and (what != "a symlink" or
+                                                            (tmp_path / "target").read_bytes() == b"kept")
+    finally:
+        if held is not None:
+            held.close()
+
+
+@pytest.mark.parametrize("what", ["/proc/self/mem", *NOT_FILES[:-1]])
+def test_import_of_a_path_that_cannot_be_a_bundle_is_one_line_and_exit_2(what, tmp_path):
+    path, held = (what, None) if what.startswith("/") else _not_a_file(what, tmp_path)
+    try:
+        line = error_line(run("import", path, "--cache", f"file://{tmp_path}/cache", code=2))
+        assert path in line and "nothing was imported" in line, line
+    finally:
+        if held is not None:
+            held.close()
+    assert not (tmp_path / "cache").exists() or not list((tmp_path / "cache").rglob("ref/*"))

@@ -56,6 +56,24 @@ def test_read_only_cache_url(artifacts, cache_copy, caplog):
     assert tree(root) == before, "a read-only cache directory was modified"
 
 
+def test_a_damaged_entry_in_a_read_only_cache_is_left_in_place_and_the_message_says_so(artifacts, cache_copy,
+                                                                                        caplog):
+    """A reader that finds an entry unusable drops its ref so that it is rebuilt; a read-only one cannot, and its
+    warning says that the entry stays (it once said "dropping it")."""
+    root = cache_copy()
+    key = artifacts("dynamo").art.key
+    other = "ab" * 32  # a ref to a valid manifest that names another key
+    (root / "ref" / other).write_text((root / "ref" / key).read_text())
+    for query, kept, said in (("?read_only=1", True, "a miss, left in place (read-only cache)"),
+                              ("", False, "dropping it so it is rebuilt")):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="precompile"), pytest.raises(precompile.ArtifactNotFoundError):
+            precompile.load(other, cache=f"file://{root}{query}")
+        warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+        assert len(warned) == 1 and f"{other[:12]}" in warned[0] and said in warned[0], warned
+        assert (root / "ref" / other).exists() is kept
+
+
 READ_ONLY_SNIPPET = r"""
 import json, logging, sys, torch, precompile, _graphs
 logging.basicConfig(level=logging.WARNING, format="LOG %(levelname)s %(name)s %(message)s")

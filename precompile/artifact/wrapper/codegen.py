@@ -5,6 +5,8 @@ allocations and size arithmetic whose bounds the graph does not fix are checked 
 
 from __future__ import annotations
 
+import builtins
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -35,7 +37,7 @@ def build(data: Any, launch: Callable[..., Any] | None = None) -> Callable[..., 
     """
     values, checks = check(data)
     nodes = data["nodes"]
-    scope: dict[str, Any] = {"__builtins__": {}}
+    scope: dict[str, Any] = {"__builtins__": {"__import__": _import_loaded}}
     last_use: dict[int, int] = {}
     for i, spec in enumerate(nodes):
         for j in _refs([*spec["args"], *spec["kwargs"].values()]):
@@ -81,6 +83,26 @@ def build(data: Any, launch: Callable[..., Any] | None = None) -> Callable[..., 
     code = "\n".join([f"def wrapper({', '.join(params)}):", *head, *body])
     exec(compile(code, "<precompile wrapper graph>", "exec"), scope)  # noqa: S102 - generated here from checked data
     return scope["wrapper"]
+
+
+def _import_loaded(name: str, globals: Any = None, locals: Any = None, fromlist: Any = (),  # noqa: A002
+                   level: int = 0) -> Any:
+    """The one builtin the generated wrapper's globals hold, for the C code its calls run, never for the wrapper.
+
+    CPython's ``PyImport_Import`` (pybind11's ``module_::import``) takes ``__import__`` from the builtins of the
+    calling frame's globals, and the calling frame is the generated wrapper.  Torch's argument parser imports
+    ``torch`` that way on first use (``torch.SymBool`` for a ``bool`` argument, ``torch.SymInt``...), so without
+    this the first such call in a process, ``aten::convolution``'s ``transposed``, raised
+    ``KeyError: '__import__'``.  The generated code never names it (its names are ``v<i>``, ``t<i>``, ``c<n>``...
+    bound by :func:`build`, and stored strings are ``repr``'d).  It returns a module already imported, or imports
+    one of torch's own; anything else is an ImportError.
+    """
+    top = name.partition(".")[0]
+    if level != 0 or top != "torch" and name not in sys.modules:
+        raise ImportError(f"a wrapper graph's call imports only torch's modules, not {name!r}")
+    if name not in sys.modules:
+        return builtins.__import__(name, None, None, fromlist, 0)
+    return sys.modules[name] if fromlist else sys.modules[top]
 
 
 def _checked(i: int, how: tuple[Any, ...], spec: dict[str, Any], target: Any, scope: dict[str, Any]) -> str:
