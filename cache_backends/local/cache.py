@@ -54,7 +54,7 @@ from cache_backends.bounded import MAX_REF_BYTES
 from cache_backends.local import beneath
 from cache_backends.local.counters import STATS_LOCK_TIMEOUT_S, LocalCountersMixin  # noqa: F401
 from cache_backends.local.fetch import DEFAULT_FETCH_WAIT_S, LocalFetchMixin
-from cache_backends.local.files import SUSPECT, LocalFilesMixin, drop_ident
+from cache_backends.local.files import SUSPECT, LocalFilesMixin, drop_ident, warn_if_writable_by_others
 from cache_backends.local.heal import heal
 from cache_backends.local.upkeep import (  # noqa: F401 - manifest_blob_digests, the constants: re-exported
     EVICT_TARGET_FRACTION, SIZE_RESCAN_S, STALE_TEMP_S, LocalUpkeepMixin, manifest_blob_digests)
@@ -148,6 +148,7 @@ class LocalCache(LocalUpkeepMixin, LocalCountersMixin, LocalFilesMixin, LocalFet
                                         "a command that writes, such as warmup or import, creates it)")
         if not self.read_only and create:
             self._make_directories()
+        warn_if_writable_by_others(self.root, (self.root, self._blob_dir, self._ref_dir, self._lock_dir, self._tmp_dir))
 
     # ------------------------------------------------------------------------------------------------ URLs
     @classmethod

@@ -73,6 +73,23 @@ def drop_ident(root: Path, path: Path, st: os.stat_result | None) -> tuple[int, 
     return (st.st_dev, st.st_ino) if st is not None else None
 
 
+def warn_if_writable_by_others(root: Path, directories: tuple[Path, ...]) -> None:
+    """Warn (once per process and directory) about each of ``directories`` (``root`` and its own) that users other
+    than its owner may write: its group or others have the write bit, sticky or not (a 1777 directory is the
+    shared near tier: the sticky bit stops others from removing this user's files, not from planting their own)."""
+    for d in directories:
+        try:
+            st = os.stat(d) if d == root else beneath.lstat(root, d)
+        except OSError:
+            continue
+        if stat.S_ISDIR(st.st_mode) and st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            warn_once_per_root(d, "writable by others", (
+                f"cache directory {d} is writable by other users (mode {stat.S_IMODE(st.st_mode):04o}): anyone who "
+                "can write there can plant cache entries. Links are never followed out of it and every blob is "
+                "checked against its digest, but only signatures stop a planted artifact: set PRECOMPILE_VERIFY_KEYS "
+                "(or verify_keys= in the cache URL), or make the directory writable by its owner only"))
+
+
 class LocalFilesMixin:
     """Bounded blob reads, atomic writes, checked removals, the read-only switch and the ref-file scan of a
     :class:`~cache_backends.local.cache.LocalCache` (which provides ``root``, ``read_only``, ``_read_only_reason``,

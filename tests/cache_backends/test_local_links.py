@@ -3,7 +3,7 @@
 Whoever can write a shared (1777) cache directory can plant a symbolic link where a ref, a blob, a lock or a cache
 directory belongs, pointing at a file only the worker can read or write.  Each such link is a miss, never read,
 written or truncated through; the next write puts a real file in its place; and no message carries the bytes of what
-it names.  Real directories, real links, no mocks.
+it names.  A cache directory others may write is warned about once.  Real directories, real links, no mocks.
 """
 
 from __future__ import annotations
@@ -120,3 +120,17 @@ def test_a_link_in_a_cache_directorys_place_is_never_followed(tmp_path):
     writer.set_ref(key, digest)
     assert writer.get_ref(key) == digest
     assert (elsewhere / key).read_text() == digest + "\n" and sorted(p.name for p in elsewhere.iterdir()) == [key]
+
+
+def test_a_cache_directory_writable_by_others_is_warned_about_once(tmp_path, caplog):
+    shared, private = tmp_path / "shared", tmp_path / "private"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o1777)  # the sticky bit is no protection against planted entries
+    private.mkdir(mode=0o700)
+    with caplog.at_level(logging.DEBUG, logger="precompile"):
+        for _ in range(2):
+            LocalCache(shared)
+            LocalCache(private)
+    warned = [r for r in caplog.records if "writable by other users" in r.getMessage()]
+    assert [r.levelno for r in warned] == [logging.WARNING, logging.DEBUG], warned
+    assert str(shared) in warned[0].getMessage() and "1777" in warned[0].getMessage()
