@@ -290,8 +290,9 @@ class LocalCache(LocalUpkeepMixin, LocalCountersMixin, LocalFilesMixin, LocalFet
     def get_ref(self, key: str) -> str | _Miss:
         """The digest stored under artifact key ``key``, or :data:`MISS`.  A hit refreshes the ref file's mtime
         (the LRU clock) unless the cache is read-only.  A ref file that does not hold a digest, or is not a regular
-        file (a FIFO, a device, a directory: opened without blocking, never read), is dropped, counted under
-        ``errors`` and reported as :data:`MISS`; at most 256 bytes of a ref are read.
+        file (a symlink, a FIFO, a device, a directory: opened without blocking or following, never read), is
+        dropped (a link itself, never what it names), counted under ``errors``, logged by its size and sha256
+        (never its bytes) and reported as :data:`MISS`; at most 256 bytes of a ref are read.
 
         Raises:
             ValueError: ``key`` is not 64 lowercase hex characters.
