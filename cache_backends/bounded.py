@@ -63,7 +63,10 @@ STEP = 1 << 20
 #: documents nest at most ~12 deep (a graph argument inside a node inside a graph); 64 leaves room.
 MAX_JSON_DEPTH = 64
 
-_NOT_A_FILE = frozenset({errno.ENXIO, errno.ELOOP, errno.ENODEV, errno.EISDIR})
+#: errno values of an open that found no file to read: a socket, a symlink refused or looping, a device
+#: without a driver, a directory.
+NOT_A_FILE = frozenset({errno.ENXIO, errno.ELOOP, errno.ENODEV, errno.EISDIR})
+
 #: The depth scan of a JSON text, three substitutions in C, each one pass (linear time, also for a forged text):
 #: escapes removed (a backslash and the character after it: no ``\\"`` is left), then strings (a quote to the next
 #: quote; only an unterminated last string scans to the end, once), then all but brackets and quotes.  What is left
@@ -94,10 +97,20 @@ def open_regular(path: str | os.PathLike[str], what: str = "file") -> IO[bytes]:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError as err:  # a socket (ENXIO), a symlink loop (ELOOP), a device with no driver (ENODEV)
-        if err.errno in _NOT_A_FILE:
+        if err.errno in NOT_A_FILE:
             raise NotRegularFileError(f"{what} {os.fspath(path)} cannot be opened as a file "
                                       f"({errno.errorcode.get(err.errno, err.errno)}); refused") from err
         raise
+    return regular_file(fd, path, what)
+
+
+def regular_file(fd: int, path: str | os.PathLike[str], what: str = "file") -> IO[bytes]:
+    """Descriptor ``fd`` (opened for reading, without blocking) as a binary, unbuffered file if it is a regular
+    file; else it is closed.  ``path`` and ``what`` name it in messages.
+
+    Raises:
+        NotRegularFileError: it is a FIFO, device, directory or socket (nothing is read from it).
+    """
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
@@ -124,11 +137,22 @@ def read_regular(path: str | os.PathLike[str], max_bytes: int, what: str = "file
         OSError: any other failure to open or read.
     """
     with open_regular(path, what) as f:
-        size = os.fstat(f.fileno()).st_size
-        if size > max_bytes:
-            raise InputLimitError(f"{what} {os.fspath(path)} holds {size} bytes, more than the {max_bytes} "
-                                  "accepted; refused without reading it")
-        return read_at_most(f, max_bytes, f"{what} {os.fspath(path)}", size)
+        return read_bounded(f, max_bytes, f"{what} {os.fspath(path)}")
+
+
+def read_bounded(f: IO[bytes], max_bytes: int, what: str = "file") -> bytes:
+    """The bytes of open regular file ``f``, at most ``max_bytes`` of them: one larger (``os.fstat``) is refused
+    before anything is allocated, one that grows while it is read when it passes the bound.
+
+    Raises:
+        InputLimitError: ``f`` holds more than ``max_bytes`` bytes.
+        OSError: a read failed.
+    """
+    size = os.fstat(f.fileno()).st_size
+    if size > max_bytes:
+        raise InputLimitError(f"{what} holds {size} bytes, more than the {max_bytes} accepted; refused without "
+                              "reading it")
+    return read_at_most(f, max_bytes, what, size)
 
 
 def read_at_most(f: IO[bytes], max_bytes: int, what: str = "file", size: int | None = None) -> bytes:

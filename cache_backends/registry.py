@@ -12,12 +12,16 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from cache_backends.base import Cache
 from cache_backends.bounded import MAX_MANIFEST_BYTES, loads_json
 from precompile import config
 from precompile.errors import CacheError, CacheUnavailableError, CacheURLError, TrustConfigError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from precompile.artifact.trust import Policy
 
 #: Query options every backend's URL may carry: keys of signed artifacts (:mod:`precompile.artifact.trust`).
 TRUST_OPTIONS = ("verify_keys", "signing_key")
@@ -131,6 +135,53 @@ def _open(url: str | Sequence[str], create: bool) -> Cache:
         cache.signing_key = trust["signing_key"].strip() if "signing_key" in trust else None
         cache.url += ("&" if "?" in cache.url else "?") + urlencode(trust)
     return cache
+
+
+def policy_for(cache: str | Cache | Sequence[str] | None = None) -> Policy:
+    """The trust policy of one call (:func:`precompile.artifact.trust.resolve`): the environment's settings plus the
+    keys of the cache or URL in hand, every tier's, whatever path the call then takes (a file, an unpacked
+    directory, a bundle, a cache entry).  A URL is not opened: nothing is created, no server is contacted; only its
+    trust options are read (and checked).
+
+    Args:
+        cache: an open cache, a URL or two (as :func:`open_cache` takes), or None for ``$PRECOMPILE_CACHE`` (the
+            embedded default carries no keys).
+
+    Raises:
+        CacheURLError: the URL's query is malformed or gives a trust option twice; ``cache`` is not a URL.
+        TrustConfigError: a key setting (the environment's or the URL's) cannot be read or names no key.
+        ConfigError: ``PRECOMPILE_REQUIRE_NO_HOST_CODE`` holds a value precompile does not accept.
+    """
+    from precompile.artifact import trust
+
+    if isinstance(cache, Cache):
+        return trust.policy(cache)
+    keys: list[str] = []
+    signers: list[str] = []
+    from_env = cache is None and bool(os.environ.get("PRECOMPILE_CACHE", "").strip())
+    try:
+        for tier in _tier_urls(config.default_cache_url() if cache is None else cache):
+            options = _split_trust_options(tier)[1]
+            keys.extend(k.strip() for k in options.get("verify_keys", "").split(",") if k.strip())
+            if options.get("signing_key", "").strip():
+                signers.append(options["signing_key"].strip())
+    except (CacheURLError, TrustConfigError) as err:
+        if from_env:
+            raise type(err)(f"PRECOMPILE_CACHE: {err}") from err
+        raise
+    return trust.resolve(tuple(keys), signers[0] if signers else None)  # the near tier's signer first, as _open
+
+
+def _tier_urls(url: str | Sequence[str]) -> list[str]:
+    """The URLs of each tier of ``url`` (one, or two joined by ``|`` or in a list), a bare path as ``file://``.
+
+    Raises:
+        CacheURLError: ``url`` is not a string or a list of strings.
+    """
+    tiers = url.split("|") if isinstance(url, str) else list(url) if isinstance(url, (list, tuple)) else None
+    if tiers is None or not all(isinstance(t, str) for t in tiers):
+        raise CacheURLError(f"a cache URL must be a string such as 'file:///var/cache/precompile', got {url!r}")
+    return [t.strip() if "://" in t else "file://" + t.strip() for t in tiers if t.strip()]
 
 
 def _split_trust_options(url: str) -> tuple[str, dict[str, str]]:

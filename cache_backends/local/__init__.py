@@ -3,7 +3,8 @@
 Modules, one concern each: :mod:`.cache` (the cache: refs, blobs, leases, the interface), :mod:`.files` (atomic
 writes, bounded reads, the directory layout), :mod:`.fetch` (per-host fetch locks for the near tier),
 :mod:`.counters` (the stats file), :mod:`.heal` (dropping damaged entries), :mod:`.upkeep` (listing, size, LRU
-eviction) and :mod:`.url` (the URL's options).
+eviction), :mod:`.beneath` (every file opened below the root without following a link) and :mod:`.url` (the URL's
+options).
 
 May import: the backends' shared modules (:mod:`cache_backends.base`, :mod:`cache_backends.bounded`,
 :mod:`cache_backends.options`), :mod:`precompile.errors` and :mod:`precompile.config`; never the Redis backend,

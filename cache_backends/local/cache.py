@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import stat
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
@@ -49,10 +50,11 @@ from cache_backends.base import (
     check_name,
     digest_bytes,
 )
-from cache_backends.bounded import MAX_REF_BYTES, open_regular
+from cache_backends.bounded import MAX_REF_BYTES
+from cache_backends.local import beneath
 from cache_backends.local.counters import STATS_LOCK_TIMEOUT_S, LocalCountersMixin  # noqa: F401
 from cache_backends.local.fetch import DEFAULT_FETCH_WAIT_S, LocalFetchMixin
-from cache_backends.local.files import SUSPECT, READ_ONLY_ERRNOS, LocalFilesMixin, drop_ident, lstat_or_none
+from cache_backends.local.files import SUSPECT, LocalFilesMixin, drop_ident, warn_if_writable_by_others
 from cache_backends.local.heal import heal
 from cache_backends.local.upkeep import (  # noqa: F401 - manifest_blob_digests, the constants: re-exported
     EVICT_TARGET_FRACTION, SIZE_RESCAN_S, STALE_TEMP_S, LocalUpkeepMixin, manifest_blob_digests)
@@ -145,13 +147,8 @@ class LocalCache(LocalUpkeepMixin, LocalCountersMixin, LocalFilesMixin, LocalFet
             raise CacheUnavailableError(f"no cache at {self.url}: {self.root} does not exist (nothing was created; "
                                         "a command that writes, such as warmup or import, creates it)")
         if not self.read_only and create:
-            try:
-                for d in (self._blob_dir, self._ref_dir, self._lock_dir, self._tmp_dir):
-                    d.mkdir(parents=True, exist_ok=True)
-            except OSError as err:
-                if err.errno not in READ_ONLY_ERRNOS:
-                    raise CacheUnavailableError(f"cannot create cache directory {self.root}: {err}") from err
-                self._turn_read_only(err)
+            self._make_directories()
+        warn_if_writable_by_others(self.root, (self.root, self._blob_dir, self._ref_dir, self._lock_dir, self._tmp_dir))
 
     # ------------------------------------------------------------------------------------------------ URLs
     @classmethod
@@ -236,7 +233,7 @@ class LocalCache(LocalUpkeepMixin, LocalCountersMixin, LocalFilesMixin, LocalFet
         return {d: r[0] for d, r in zip(unique, results)}
 
     def has_blob(self, digest: str) -> bool:
-        """True if a blob file exists under ``digest`` (not verified; one ``stat``).
+        """True if a blob file exists under ``digest`` (not verified; a ``stat`` that never follows a link).
 
         Raises:
             ValueError: ``digest`` is not 64 lowercase hex characters.
@@ -244,7 +241,9 @@ class LocalCache(LocalUpkeepMixin, LocalCountersMixin, LocalFilesMixin, LocalFet
         """
         path = self._blob_path(check_name(digest))
         try:
-            return path.is_file()
+            return stat.S_ISREG(beneath.lstat(self.root, path).st_mode)  # a link is no blob
+        except (FileNotFoundError, NotRegularFileError):
+            return False
         except OSError as err:
             raise CacheUnavailableError(f"could not stat blob {digest} under {self.root}: {err}") from err
 
@@ -269,13 +268,13 @@ class LocalCache(LocalUpkeepMixin, LocalCountersMixin, LocalFilesMixin, LocalFet
             heal(self, path, f"blob {actual[:12]}")
             if actual in SUSPECT:  # a read here refused the stored copy as over its bound: replace it
                 raise FileNotFoundError(path)
-            os.utime(path)
+            beneath.touch(self.root, path)
             return actual
         except FileNotFoundError:
             SUSPECT.discard(actual)
         except OSError as err:
-            if path.exists():  # someone else's file we may not touch: it is there, good enough
-                return actual
+            if beneath.lstat_or_none(self.root, path) is not None:  # someone else's file we may not touch: it is
+                return actual                                       # there, good enough
             raise self._write_error(err, f"blob {actual}") from err
         packed = zstandard.ZstdCompressor(level=self.level).compress(bytes(data))
         try:
@@ -291,37 +290,40 @@ class LocalCache(LocalUpkeepMixin, LocalCountersMixin, LocalFilesMixin, LocalFet
     def get_ref(self, key: str) -> str | _Miss:
         """The digest stored under artifact key ``key``, or :data:`MISS`.  A hit refreshes the ref file's mtime
         (the LRU clock) unless the cache is read-only.  A ref file that does not hold a digest, or is not a regular
-        file (a FIFO, a device, a directory: opened without blocking, never read), is dropped, counted under
-        ``errors`` and reported as :data:`MISS`; at most 256 bytes of a ref are read.
+        file (a symlink, a FIFO, a device, a directory: opened without blocking or following, never read), is
+        dropped (a link itself, never what it names), counted under ``errors``, logged by its size and sha256
+        (never its bytes) and reported as :data:`MISS`; at most 256 bytes of a ref are read.
 
         Raises:
             ValueError: ``key`` is not 64 lowercase hex characters.
             CacheUnavailableError: the ref file exists but cannot be read.
         """
         path = self._ref_path(check_name(key, "artifact key"))
+        st: os.stat_result | None = None
         try:
-            with open_regular(path, "cache ref") as f:
+            with beneath.open_file(self.root, path, "cache ref") as f:
                 st = os.fstat(f.fileno())
                 text = f.read(MAX_REF_BYTES)
+                digest = text.decode("ascii", "replace").strip()
+                if HEX64.match(digest):
+                    if not self.read_only:
+                        with contextlib.suppress(OSError):
+                            os.utime(f.fileno())  # the file read, never a name that may have been replaced
+                    return digest
+                why = f"it holds {st.st_size} bytes (sha256 {digest_bytes(text)[:16]}), not a digest"
         except FileNotFoundError:
             return MISS
-        except NotRegularFileError as err:  # a FIFO, device or directory: never read, dropped as a garbled ref
-            st, text = lstat_or_none(path), str(err).encode()
+        except NotRegularFileError as err:  # a link, a FIFO, a directory: never followed or read, dropped
+            why = str(err)
         except OSError as err:
             raise CacheUnavailableError(f"could not read ref {key} under {self.root}: {err}") from err
-        digest = text.decode("ascii", "replace").strip()
-        if not HEX64.match(digest):
-            log.warning("cache ref %s under %s is corrupt (%r); dropped, treated as a miss", key, self.root, text[:80])
-            ident = drop_ident(path, st)
-            if not self.read_only and ident is not None:
-                with contextlib.suppress(OSError):
-                    self._remove_unless(path, lambda s: (s.st_dev, s.st_ino) != ident)
-            self._count(errors=1)
-            return MISS
-        if not self.read_only:
+        log.warning("cache ref %s under %s is unusable (%s); dropped, treated as a miss", key, self.root, why)
+        ident = drop_ident(self.root, path, st)
+        if not self.read_only and ident is not None:
             with contextlib.suppress(OSError):
-                os.utime(path)
-        return digest
+                self._remove_unless(path, lambda s: (s.st_dev, s.st_ino) != ident)
+        self._count(errors=1)
+        return MISS
 
     def set_ref(self, key: str, digest: str) -> None:
         """Point ``key`` at ``digest`` atomically (write the blobs it names first), then evict least recently
@@ -360,7 +362,7 @@ class LocalCache(LocalUpkeepMixin, LocalCountersMixin, LocalFilesMixin, LocalFet
         try:
             if digest is not None:
                 return self._remove_ref_naming(path, digest)
-            os.unlink(path)
+            beneath.unlink(self.root, path)
         except FileNotFoundError:
             return False
         except OSError as err:

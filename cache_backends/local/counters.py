@@ -15,8 +15,10 @@ from pathlib import Path
 import filelock
 
 from cache_backends.base import add_counts, ordered_counters
-from cache_backends.bounded import loads_json, read_regular
+from cache_backends.bounded import loads_json
+from cache_backends.local.beneath import read_file
 from cache_backends.local.files import warn_once_per_root
+from cache_backends.local.heal import lock_file
 from precompile.errors import NotRegularFileError
 
 log = logging.getLogger("precompile.cache")
@@ -48,8 +50,8 @@ class LocalCountersMixin:
             OSError: it cannot be read (permissions, I/O error).
         """
         try:
-            doc = loads_json(read_regular(self._stats_path, MAX_STATS_BYTES, "cache counters"), MAX_STATS_BYTES,
-                             "cache counters", max_depth=2)
+            doc = loads_json(read_file(self.root, self._stats_path, MAX_STATS_BYTES, "cache counters"),
+                             MAX_STATS_BYTES, "cache counters", max_depth=2)
             return {str(k): int(v) for k, v in doc.items() if isinstance(v, int)}
         except FileNotFoundError:
             return {}
@@ -78,7 +80,8 @@ class LocalCountersMixin:
                 return
             try:
                 self._lock_dir.mkdir(parents=True, exist_ok=True)
-                lock = filelock.FileLock(str(self._lock_dir / "stats.lock"), timeout=STATS_LOCK_TIMEOUT_S)
+                lock = filelock.FileLock(lock_file(self.root, self._lock_dir / "stats.lock"),
+                                         timeout=STATS_LOCK_TIMEOUT_S)
                 with lock:
                     current = Counter(self._read_stats())
                     current.update(self._pending)

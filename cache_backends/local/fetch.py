@@ -21,6 +21,8 @@ from types import TracebackType
 
 import filelock
 
+from cache_backends.local.heal import lock_file
+
 log = logging.getLogger("precompile.cache")
 
 #: Default seconds a process waits for another process of its host to fetch the blobs it needs.
@@ -58,7 +60,8 @@ class FetchLock:
             log.debug("no per-host fetch lock in %s: %s", self.dir, err)
             return waited
         for stripe in sorted({d[:3] for d in self.digests}):
-            lock = filelock.FileLock(str(self.dir / f"{stripe}.lock"), is_singleton=False, fallback_to_soft=False)
+            path = lock_file(self.dir.parent.parent, self.dir / f"{stripe}.lock")  # a link there: replaced
+            lock = filelock.FileLock(path, is_singleton=False, fallback_to_soft=False)
             try:
                 lock.acquire(timeout=0)
             except filelock.Timeout:

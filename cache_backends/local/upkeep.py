@@ -10,7 +10,6 @@ import contextlib
 import inspect
 import logging
 import os
-import re
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -19,13 +18,13 @@ from pathlib import Path
 import filelock
 
 from cache_backends.base import HEX64, MISS, StoredBlob, StoredRef, check_name, decompress_frame, digest_bytes
-from cache_backends.bounded import MAX_BLOB_BYTES, MAX_MANIFEST_BYTES, frame_bound, loads_json, read_regular
+from cache_backends.bounded import MAX_BLOB_BYTES, MAX_MANIFEST_BYTES, frame_bound, loads_json
+from cache_backends.local import beneath
+from cache_backends.local.heal import lock_file
 from precompile.errors import CacheUnavailableError, InputLimitError, NotRegularFileError
 
 log = logging.getLogger("precompile.cache")
 
-_HEX62 = re.compile(r"^[0-9a-f]{62}\Z")
-_HEX2 = re.compile(r"^[0-9a-f]{2}\Z")
 
 #: Eviction brings the blobs of live refs down to this fraction of ``max_bytes``.
 EVICT_TARGET_FRACTION = 0.9
@@ -70,33 +69,6 @@ def manifest_blob_digests(manifest: bytes) -> list[str]:
 class LocalUpkeepMixin:
     """Eviction and upkeep of :class:`cache_backends.local.cache.LocalCache`."""
 
-    def _scan_blobs(self) -> tuple[dict[str, tuple[Path, os.stat_result]], list[Path]]:
-        """``({digest: (path, stat)}, [temp files])`` for everything under ``blob/``."""
-        blobs: dict[str, tuple[Path, os.stat_result]] = {}
-        temps: list[Path] = []
-        try:
-            fans = [e for e in os.scandir(self._blob_dir) if _HEX2.match(e.name)]
-        except FileNotFoundError:
-            return blobs, temps
-        except OSError as err:
-            raise CacheUnavailableError(f"could not list blobs under {self.root}: {err}") from err
-        for fan in fans:
-            try:
-                entries = list(os.scandir(fan.path))
-            except (FileNotFoundError, NotADirectoryError):
-                continue
-            except OSError as err:
-                raise CacheUnavailableError(f"could not list blobs under {fan.path}: {err}") from err
-            for entry in entries:
-                try:
-                    if _HEX62.match(entry.name):
-                        blobs[fan.name + entry.name] = (Path(entry.path), entry.stat(follow_symlinks=False))
-                    elif entry.name.endswith(".incomplete"):
-                        temps.append(Path(entry.path))
-                except FileNotFoundError:
-                    continue
-        return blobs, temps
-
     def size_bytes(self) -> int:
         """Total size in bytes of the blob files (compressed, as stored; temp files excluded).
 
@@ -111,15 +83,13 @@ class LocalUpkeepMixin:
         ``STALE_TEMP_S`` seconds."""
         candidates = list(blob_temps)
         for d, only_incomplete in ((self._ref_dir, True), (self._tmp_dir, False)):
-            with contextlib.suppress(OSError):
-                candidates += [
-                    Path(e.path) for e in os.scandir(d) if not only_incomplete or e.name.endswith(".incomplete")
-                ]
+            with contextlib.suppress(OSError), beneath.directory(self.root, d) as fd, os.scandir(fd) as it:
+                candidates += [d / e.name for e in it if not only_incomplete or e.name.endswith(".incomplete")]
         now = time.time()
         stale = []
         for path in candidates:
             with contextlib.suppress(OSError):
-                if now - path.stat().st_mtime > STALE_TEMP_S:
+                if now - beneath.lstat(self.root, path).st_mtime > STALE_TEMP_S:
                     stale.append(path)
         return stale
 
@@ -181,7 +151,7 @@ class LocalUpkeepMixin:
         """
         self._check_writable()
         cap = self.max_bytes if max_bytes is None else int(max_bytes)
-        lock = filelock.FileLock(str(self._lock_dir / "evict.lock"), timeout=0)
+        lock = filelock.FileLock(lock_file(self.root, self._lock_dir / "evict.lock"), timeout=0)
         try:
             self._lock_dir.mkdir(parents=True, exist_ok=True)
             lock.acquire()
@@ -240,7 +210,7 @@ class LocalUpkeepMixin:
                 freed += st.st_size
         for tmp in self._stale_temp_files(temps):
             with contextlib.suppress(OSError):
-                os.unlink(tmp)
+                beneath.unlink(self.root, tmp)
         self._count(evictions=dropped)
         stored = sum(size.values()) - freed
         if dropped or deleted:
@@ -285,7 +255,7 @@ class LocalUpkeepMixin:
         dangling: dict[str, os.stat_result] = {}
         for key, digest, st in self._scan_refs():
             # a manifest written after the blob scan (a concurrent writer) is not missing: look again
-            if digest in bad_set or (digest not in blobs and not self._blob_path(digest).is_file()):
+            if digest in bad_set or (digest not in blobs and not self.has_blob(digest)):
                 dangling[key] = st
         stale = [str(p) for p in self._stale_temp_files(temps)]
         removed = 0
@@ -302,7 +272,7 @@ class LocalUpkeepMixin:
                     removed += self._remove_unless(self._ref_path(key), replaced)
             for tmp in stale:
                 with contextlib.suppress(OSError):
-                    os.unlink(tmp)
+                    beneath.unlink(self.root, Path(tmp))
                     removed += 1
         if bad or dangling:
             log.warning(
@@ -353,7 +323,7 @@ class LocalUpkeepMixin:
             CacheUnavailableError: it exists but cannot be read.
         """
         try:
-            raw = read_regular(path, frame_bound(MAX_BLOB_BYTES), f"cache blob {digest}")
+            raw = beneath.read_file(self.root, path, frame_bound(MAX_BLOB_BYTES), "cache blob")
             data = decompress_frame(raw)
         except NotRegularFileError as err:
             return None, f"not a regular file ({err})"

@@ -15,6 +15,10 @@ was written under, so anyone who can write the cache can plant a self-consistent
 - with no key configured, nothing is checked (as before signatures existed); a builder's signing key counts as a
   verify key of its own, so a builder never runs an entry it could not have signed itself.
 
+Each call resolves one :class:`Policy` at its start (:func:`resolve`), from the environment and from the cache or
+URL in hand, and applies it to every path it takes: ``precompile.load("a.pc", cache="file:///c?verify_keys=...")``
+refuses an unsigned file as the cache would refuse an unsigned entry.
+
 The signature travels inside the manifest (its ``signature`` field), so it is stored, copied and exported with
 it by every cache, both file formats and any bundle that copies refs and blobs.  It signs
 ``DOMAIN + canonical JSON of every other manifest field`` (sorted keys, no whitespace, ASCII), computed from the
@@ -28,6 +32,7 @@ import json
 import logging
 from collections import Counter
 from dataclasses import dataclass, replace
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from precompile import config
@@ -49,7 +54,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["DOMAIN", "MAX_KEY_FILE_BYTES", "PUBLIC_PREFIX", "REASONS", "Policy", "Verdict", "describe",
            "generate_key", "key_id", "load_signing_key", "note_refused", "parse_verify_keys", "policy",
-           "public_text", "refused", "signed_message"]
+           "public_text", "refused", "resolve", "signed_message"]
 
 log = logging.getLogger("precompile")
 
@@ -81,15 +86,19 @@ class Verdict:
 
 # ----------------------------------------------------------------------------------------------- policy
 class Policy:
-    """The keys one load or store works with: verify keys (by id) and an optional signing key.
+    """What one call (a load, a store, an import, a rebuild) trusts, resolved once at its start (:func:`policy`)
+    and applied to every path it takes: a file, an unpacked directory, a bundle, a cache entry.
 
     Attributes:
         verify: ``{key id: public key}``; empty means nothing is checked.
         signer: the private key manifests are signed with when stored or saved, or None.
+        no_host_code: only artifacts whose wrapper is stored as data may load (``PRECOMPILE_REQUIRE_NO_HOST_CODE``).
     """
 
-    def __init__(self, verify: tuple[Ed25519PublicKey, ...] = (), signer: Ed25519PrivateKey | None = None):
+    def __init__(self, verify: tuple[Ed25519PublicKey, ...] = (), signer: Ed25519PrivateKey | None = None,
+                 no_host_code: bool = False):
         self.signer = signer
+        self.no_host_code = no_host_code
         keys = list(verify) + ([signer.public_key()] if signer is not None else [])
         self.verify = {key_id(k): k for k in keys}
 
@@ -171,24 +180,39 @@ def signed_message(doc: dict[str, Any]) -> bytes:
 
 
 def policy(cache: Cache | None = None) -> Policy:
-    """The policy of a load or store: the environment's keys (:mod:`precompile.config`) plus those of ``cache``'s
-    URL (``verify_keys=``, ``signing_key=``, checked when the cache was opened).
+    """The policy of a call that works with ``cache``: the environment's settings (:mod:`precompile.config`) plus
+    the keys of ``cache``'s URL (``verify_keys=``, ``signing_key=``, checked when the cache was opened); see
+    :func:`resolve`.  A call that holds a URL, or nothing, rather than an open cache resolves it with
+    :func:`cache_backends.registry.policy_for`, which reads the same options from the URL without opening it.
+
+    Raises:
+        TrustConfigError / ConfigError: as :func:`resolve`.
+    """
+    return resolve(tuple(getattr(cache, "verify_keys", ()) or ()), getattr(cache, "signing_key", None))
+
+
+def resolve(url_keys: Sequence[str] = (), url_signer: str | None = None) -> Policy:
+    """The one policy of a call: verify keys from ``PRECOMPILE_VERIFY_KEYS`` and ``url_keys`` (the cache URL's
+    ``verify_keys=`` entries, every tier's), the signing key ``url_signer`` (the URL's ``signing_key=``) or else
+    ``PRECOMPILE_SIGNING_KEY``, and ``PRECOMPILE_REQUIRE_NO_HOST_CODE``.  Keys from either place protect every path
+    of the call alike: files, unpacked directories, bundles, cache entries, rebuilds.
 
     Raises:
         TrustConfigError: a configured key cannot be read, or a setting that is given names no key
             (``PRECOMPILE_VERIFY_KEYS=","``, an empty key file, a blank ``PRECOMPILE_SIGNING_KEY``): verification is
             never turned off by a setting that looks like one.
+        ConfigError: ``PRECOMPILE_REQUIRE_NO_HOST_CODE`` holds something other than 1/0 (true/false...).
     """
     verify: list[Ed25519PublicKey] = []
     env_text = config.verify_keys_text()
     if env_text is not None:
         verify.extend(parse_verify_keys(env_text, "PRECOMPILE_VERIFY_KEYS"))
-    url_keys = ",".join(getattr(cache, "verify_keys", ()) or ())
     if url_keys:
-        verify.extend(parse_verify_keys(url_keys, "verify_keys= of the cache URL"))
+        verify.extend(parse_verify_keys(",".join(url_keys), "verify_keys= of the cache URL"))
     env_signer = config.signing_key_path()  # first: a blank PRECOMPILE_SIGNING_KEY is an error whatever the URL says
-    signer_path = getattr(cache, "signing_key", None) or env_signer
-    return Policy(tuple(verify), load_signing_key(signer_path) if signer_path is not None else None)
+    signer_path = url_signer or env_signer
+    return Policy(tuple(verify), load_signing_key(signer_path) if signer_path is not None else None,
+                  no_host_code=config.require_no_host_code())
 
 
 def note_refused(verdict: Verdict, what: str) -> dict[str, int]:

@@ -136,15 +136,15 @@ def _function_item(key: str, m: dict) -> dict:
 def inspect(target: str, cache_url: str | None, as_json: bool, show_wrapper: bool) -> None:
     """Show an artifact (by path, key or key prefix): parts, kernels, autotune picks, alignment, env, key factors.
     A malformed manifest is shown as far as it can be, and the command then fails (exit status 1)."""
-    from precompile.artifact import trust
+    from cache_backends.registry import policy_for
     from precompile.cli.inspect_view import show
     from precompile.store.lookup import open_target
 
-    trust.policy()  # a wrong key setting fails before a path or a cache is read
+    policy = policy_for(cache_url)  # the URL's keys judge a path too; a wrong key setting fails before any read
     source = open_target(target, lambda: open_existing(cache_url))
     if as_json:
         click.echo(json.dumps(source.manifest, indent=1, sort_keys=True))
-    show(source, wrapper=show_wrapper, summary=not as_json)
+    show(source, wrapper=show_wrapper, summary=not as_json, policy=policy)
 
 
 # ------------------------------------------------------------------------------------------------- stats

@@ -11,9 +11,11 @@ from precompile.cli.common import console, human_bytes, plain, table
 from precompile.errors import ArtifactFormatError, PrecompileError
 
 
-def show(source: Any, *, wrapper: bool = False, summary: bool = True) -> None:
+def show(source: Any, *, wrapper: bool = False, summary: bool = True, policy: Any = None) -> None:
     """Print ``source`` (a :class:`precompile.store.lookup.Source`): a graph artifact, a whole-function artifact, a
-    record, or (``wrapper``) its wrapper graph; with ``summary`` False only check it (``inspect --json``).
+    record, or (``wrapper``) its wrapper graph; with ``summary`` False only check it (``inspect --json``).  Its
+    signature is judged under ``policy`` (the command's :class:`~precompile.artifact.trust.Policy`; default: the
+    environment's).
 
     Raises:
         TrustConfigError: the configured verify or signing keys cannot be read, or a key setting names no key.
@@ -22,7 +24,7 @@ def show(source: Any, *, wrapper: bool = False, summary: bool = True) -> None:
     """
     from precompile.artifact import trust
 
-    pol = trust.policy()  # a wrong key setting is an error here too, before anything is shown
+    pol = policy or trust.policy()  # a wrong key setting is an error here too, before anything is shown
     m, where = source.manifest, source.where
     if source.problem is not None:
         if summary:

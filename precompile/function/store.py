@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cache_backends.base import MISS, Cache, digest_bytes
-from precompile import config, metrics
+from precompile import metrics
 from precompile.artifact.function_manifest import FunctionManifest
 from precompile.errors import ArtifactFormatError, CacheError, UnsafePathError
 from precompile.metrics import safe_incr
@@ -69,7 +69,7 @@ def read(cache: Cache, key: str) -> Stored | None:
         if manifest.key != key:
             drop(cache, key, f"its manifest names another key {manifest.key[:12]}", digest)
             return None
-        if config.require_no_host_code():  # Dynamo's part is a pickle and its bytecode runs: host code
+        if policy.no_host_code:  # Dynamo's part is a pickle and its bytecode runs: host code
             log.info("function artifact %s carries host code (Dynamo's bytecode) and PRECOMPILE_REQUIRE_NO_HOST_CODE "
                      "is set: a miss", key[:12])
             safe_incr(cache, host_code_refused=1)

@@ -46,6 +46,9 @@ class Artifact:
         primer: the replay of the graph's library calls a fast load ran beside itself
             (:class:`precompile.inductor.prime.Primer`: calls ``done`` and ``failed``, its ``seconds``), or None
             (``PRECOMPILE_PRIME`` off, or nothing to replay).
+        no_host_code: whether the engine must be the wrapper graph (no host code runs), as the trust policy of the
+            load that made it says (:class:`precompile.artifact.trust.Policy`); None: ``PRECOMPILE_REQUIRE_NO_HOST_CODE``
+            is read when the engine is built.
 
     Raises (on construction):
         ArtifactFormatError: a placeholder spec, a pytree spec (``calling.in_spec``/``out_spec``) or the size guards
@@ -80,6 +83,7 @@ class Artifact:
         self._outputs = calling.get("outputs")
         self.engine_kind: str | None = "compiled" if engine is not None else None
         self.primer: Any = None
+        self.no_host_code: bool | None = None
 
     # -------------------------------------------------------------------------------------------- calling
     @property

@@ -30,11 +30,12 @@ def build_engine(art: Artifact) -> Callable[..., Any]:
         ConfigError: ``PRECOMPILE_ENGINE`` or ``PRECOMPILE_PRIME`` holds a value precompile does not accept.
         ArtifactNotFoundError: a part the load needs cannot be read.
         ValueError / ImportError / OSError: the portable path failed too (the artifact cannot run here).
-        UntrustedArtifactError: ``PRECOMPILE_REQUIRE_NO_HOST_CODE`` is set and the artifact has no wrapper graph.
+        UntrustedArtifactError: ``PRECOMPILE_REQUIRE_NO_HOST_CODE`` is set (``art.no_host_code``: the load's trust
+            policy) and the artifact has no wrapper graph.
     """
     from precompile.metrics import safe_incr
 
-    if config.require_no_host_code():
+    if art.no_host_code if art.no_host_code is not None else config.require_no_host_code():
         return _no_host_code(art)
     fast = art.manifest.parts.get("fast")
     if fast and config.engine_mode() == "auto":

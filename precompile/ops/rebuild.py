@@ -233,7 +233,7 @@ def rebuild_one(cache: Cache, key: str, *, force: bool = False) -> Outcome:
         graph_json = loads_json(graph_blob, graph_size, "stored FX graph")  # type: ignore[arg-type]
         if digest_bytes(canonical_json(canonical_graph(graph_json))) != factors.get("graph"):
             raise Refused("its stored FX graph does not hash to its graph factor")
-        if config.require_no_host_code() and not policy.required:
+        if policy.no_host_code and not policy.required:
             if beyond := sorted(stored_callables(graph_json) - set(PLAIN_CALLABLES)):
                 raise Refused(f"its graph calls {', '.join(beyond[:3])}: a rebuild would import and run them, and "
                               "PRECOMPILE_REQUIRE_NO_HOST_CODE is set without verify keys (configure the builders' "

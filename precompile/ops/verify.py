@@ -126,8 +126,11 @@ def _check_ref(cache: Cache, ref: StoredRef, intact: dict[str, int], canonical_g
     from precompile.artifact.manifest import Manifest
     from precompile.errors import ArtifactFormatError
 
-    if not HEX64.match(ref.digest):
-        return "garbled ref", f"holds {ref.digest[:40]!r}, not a digest"
+    if not HEX64.match(ref.digest):  # its size and digest, never its text (stored bytes are never quoted)
+        if not ref.digest:
+            return "garbled ref", "holds no digest (it is empty, or not a regular file: never read)"
+        return "garbled ref", (f"holds {len(ref.digest)} characters (sha256 "
+                               f"{digest_bytes(ref.digest.encode('utf-8', 'replace'))[:16]}), not a digest")
     if ref.digest not in intact:
         return "bad manifest", f"its manifest blob {ref.digest[:12]} is missing or damaged"
     raw = _read(cache, ref.digest, MAX_MANIFEST_BYTES)

@@ -9,7 +9,7 @@ import torch
 
 from cache_backends.base import MISS, Cache
 from cache_backends.bounded import MAX_MANIFEST_BYTES
-from precompile import config, metrics
+from precompile import metrics
 from precompile.artifact.manifest import Manifest, ManifestJSON, load_json
 from precompile.errors import (ArtifactFormatError, ArtifactNotFoundError, CacheError, CacheReadOnlyError,
                                UnsafePathError)
@@ -17,6 +17,7 @@ from precompile.loader.engine import start_primer
 from precompile.metrics import safe_incr, warn_once
 
 if TYPE_CHECKING:  # pragma: no cover
+    from precompile.artifact import trust
     from precompile.loader.artifact import Artifact
 
 log = logging.getLogger("precompile")
@@ -26,7 +27,7 @@ M = TypeVar("M", bound=ManifestJSON)
 
 
 def load_from_cache(key: str, cache: str | Cache | None, *, bound: dict[int, torch.Tensor] | None = None,
-                    check_env: bool = True) -> Artifact | None:
+                    check_env: bool = True, policy: trust.Policy | None = None) -> Artifact | None:
     """The artifact stored under ``key``, or None on a miss.
 
     Reads the ref and the manifest (at most :data:`~cache_backends.bounded.MAX_MANIFEST_BYTES`), checks the manifest's
@@ -38,7 +39,8 @@ def load_from_cache(key: str, cache: str | Cache | None, *, bound: dict[int, tor
     verified and bounded the same way, when used).  Nothing read is run
     here.  A ref whose manifest or blobs are verified missing or corrupt is a miss: the ref is dropped so the next
     build replaces it.  Cache failures (a server down or stalled) are misses too, logged once, counted under
-    ``errors``, and never drop anything.
+    ``errors``, and never drop anything.  ``policy`` is the call's trust policy when the caller resolved it already
+    (:func:`cache_backends.registry.policy_for`); by default the cache's (:func:`precompile.artifact.trust.policy`).
 
     Raises:
         EnvironmentMismatchError: only if ``check_env`` and the stored manifest's key fields differ from here
@@ -49,7 +51,7 @@ def load_from_cache(key: str, cache: str | Cache | None, *, bound: dict[int, tor
     from precompile.artifact import trust
 
     c = open_cache(cache)
-    policy = trust.policy(c)
+    policy = policy or trust.policy(c)
     digest: str | None = None  # the manifest's, once read: a drop deletes only a ref that still names it
     try:
         read = read_manifest_doc(c, key, policy, "cache entry")
@@ -60,14 +62,14 @@ def load_from_cache(key: str, cache: str | Cache | None, *, bound: dict[int, tor
         if manifest.key != key:
             drop_ref(c, key, f"its manifest names another key {manifest.key[:12]}", digest=digest)
             return None
-        if config.require_no_host_code() and not manifest.parts.get("wrapper_graph"):
+        if policy.no_host_code and not manifest.parts.get("wrapper_graph"):
             log.info("cache entry %s carries host code (%s) and PRECOMPILE_REQUIRE_NO_HOST_CODE is set: a miss",
                      key[:12], manifest.build.get("host_code") or "a Python wrapper")
             safe_incr(c, host_code_refused=1)
             metrics.note_miss("host_code")
             return None
         # the replay, where asked for, runs while the blobs are read and checked (never for the graph engine)
-        primer = None if config.require_no_host_code() else start_primer(manifest)
+        primer = None if policy.no_host_code else start_primer(manifest)
         needed = manifest.load_digests()
         sizes = part_bounds(manifest)
         got = c.get_blobs(needed, sizes)  # a part larger than its manifest records is refused unread: a miss
@@ -105,6 +107,7 @@ def load_from_cache(key: str, cache: str | Cache | None, *, bound: dict[int, tor
     try:
         art = Artifact(manifest, got, bound=bound, source="cache", blob_reader=reader, cache=c)
         art.primer = primer
+        art.no_host_code = policy.no_host_code
         return art
     except ArtifactFormatError as err:  # a manifest whose digests check but whose specs or guards do not parse
         drop_ref(c, key, str(err), digest=digest)

@@ -121,3 +121,25 @@ def test_a_bundle_whose_manifest_is_not_json_is_refused_under_verify_keys_only(b
     plain = cli_json("import", str(tmp_path / "b.pcb"), "--cache", str(tmp_path / "plain"),
                      env={"PRECOMPILE_VERIFY_KEYS": None})
     assert [r["outcome"] for r in plain["refs"]] == ["imported"]  # as before: a miss at load, nothing runs
+
+
+def test_keys_only_in_the_cache_url_refuse_an_unsigned_bundle_and_judge_an_inspected_file(artifacts, cache_copy,
+                                                                                            builder_key, tmp_path):
+    from precompile.loader.artifact import Artifact
+
+    public = builder_key[1]
+    art = artifacts("dynamo").art
+    unsigned = tmp_path / "unsigned.pcb"
+    cli("export", art.key, "--cache", str(cache_copy()), "-o", str(unsigned))
+    url = f"file://{tmp_path / 'dest'}?verify_keys={public}"
+    no_keys = {"PRECOMPILE_VERIFY_KEYS": None, "PRECOMPILE_SIGNING_KEY": None, "PRECOMPILE_CACHE": None}
+    proc = cli("import", str(unsigned), "--cache", url, env=no_keys, check=False)
+    assert proc.returncode == 1 and "is refused" in error_line(proc) and "not signed" in error_line(proc)
+    assert not any((tmp_path / "dest" / "ref").iterdir())
+    # inspect judges a file's signature under the keys of the URL given, as a load would
+    trust.generate_key(tmp_path / "other.pem")
+    other = trust.Policy(signer=trust.load_signing_key(str(tmp_path / "other.pem")))
+    path = Artifact(other.sign(art.manifest), art.all_blobs()).save(tmp_path / "other.pc")
+    shown = cli("inspect", str(path), "--cache", url, env=no_keys).stdout
+    assert "REFUSED" in shown and "not a configured verify key" in shown
+    assert "not checked" in cli("inspect", str(path), env=no_keys).stdout
