@@ -156,21 +156,22 @@ class BlobsMixin:
             return out
         bound = {d: blob_bound(max_bytes, d) for d in unique}
         rest = unique
-        if self._replica_factory is not None:  # a cluster's replicas first; the masters for what they lack
+        if self._replica_reads:  # a cluster's replicas first; the masters for what they lack
             found = self._read_from_replicas(unique, bound)
             out.update(found)
             rest = [d for d in unique if d not in found]
         if rest:
-            read = self._read_blobs(self.client, rest, bound)
+            read = self._read_blobs(rest, bound)
             self._drop(read.bad, read.heads)
             self._count(bytes_read=read.nread, errors=len(read.bad) + len(read.over), over_limit=len(read.over))
             out.update(read.found)
         return out
 
-    def _read_blobs(self, client: Any, unique: list[str], bound: dict[str, int], replica: bool = False) -> BlobsRead:
-        """Read and verify blobs ``unique`` (each at most ``bound[d]`` bytes) through ``client``; see
-        :meth:`get_blobs`.  Drops and counts nothing (the caller does).  With ``replica`` (the replica client), faults
-        are logged at debug level only (the master decides) and errors trip the replicas' breaker only.
+    def _read_blobs(self, unique: list[str], bound: dict[str, int], replica: bool = False) -> BlobsRead:
+        """Read and verify blobs ``unique`` (each at most ``bound[d]`` bytes); see :meth:`get_blobs`.  Drops and
+        counts nothing (the caller does).  With ``replica``, every head and chunk is read from a random node of its
+        slot (``_queue_read``), faults are logged at debug level only (the master decides) and errors trip the
+        replicas' breaker only.
 
         Raises:
             CacheUnavailableError: Redis cannot be reached, timed out or refused the read.
@@ -180,9 +181,9 @@ class BlobsMixin:
         refresh = self.ttl_s is not None and not self.read_only
         deadline = current_deadline()
         with self._talk(f"reading {len(unique)} blob(s)", replica=replica):
-            pipe = client.pipeline(transaction=False)
+            pipe = self.client.pipeline(transaction=False)
             for d in unique:
-                pipe.getrange(self._head_key(d), 0, codec.head_limit(bound[d]))  # one byte more than may be
+                self._queue_read(pipe, self._head_key(d), codec.head_limit(bound[d]), replica)  # a byte more than may be
                 if refresh:
                     pipe.pexpire(self._head_key(d), int(self.ttl_s * 1000))
             replies = execute(pipe)
@@ -222,7 +223,7 @@ class BlobsMixin:
         for d, parsed in chunked:
             try:
                 data, why = codec.read_chunked(d, parsed, lambda indices, limit, d=d: self._fetch_chunks(
-                    d, indices, limit, refresh, client=client, replica=replica, deadline=deadline), bound[d])
+                    d, indices, limit, refresh, replica=replica, deadline=deadline), bound[d])
             except InputLimitError as err:
                 read.over.append(self._over_limit(d, err, warn))
                 continue
@@ -241,16 +242,17 @@ class BlobsMixin:
         SUSPECT.add(digest)
         return digest
 
-    def _fetch_chunks(self, digest: str, indices: range, limit: int, refresh: bool, *, client: Any = None,
-                      replica: bool = False, deadline: float | None = None) -> list[bytes | None]:
+    def _fetch_chunks(self, digest: str, indices: range, limit: int, refresh: bool, *, replica: bool = False,
+                      deadline: float | None = None) -> list[bytes | None]:
         """Chunks ``indices`` of a blob, each read to at most ``limit`` + 1 bytes (GETRANGE: a longer chunk shows as
         one byte too long, never as its whole length), in one pipelined round trip (with a TTL, refreshed in the same
-        trip); a missing chunk is None.  ``client`` (default the masters'), ``replica`` and ``deadline`` (of the
-        calling thread's retried call: this runs in a helper thread) are passed to ``_talk``."""
+        trip); a missing chunk is None.  With ``replica``, each chunk is read from a random node of its slot.
+        ``replica`` and ``deadline`` (of the calling thread's retried call: this runs in a helper thread) are passed
+        to ``_talk``."""
         with self._talk(f"reading blob {digest[:12]}", replica=replica, deadline=deadline):
-            pipe = (client or self.client).pipeline(transaction=False)
+            pipe = self.client.pipeline(transaction=False)
             for i in indices:
-                pipe.getrange(self._chunk_key(digest, i), 0, limit)
+                self._queue_read(pipe, self._chunk_key(digest, i), limit, replica)
                 if refresh:
                     pipe.pexpire(self._chunk_key(digest, i), int(self.ttl_s * 1000))  # type: ignore[operator]
             # a chunk of another type reads as missing: the blob is a miss, and dropped with its chunks

@@ -119,7 +119,7 @@ class RedisCache(ReplicasMixin, BlobsMixin, CountersMixin, LeasesMixin, UpkeepMi
     def __init__(self, client: Any, *, url: str, prefix: str = "precompile", ttl_s: float | None = None,
                  chunk_bytes: int = DEFAULT_CHUNK_BYTES, read_only: bool = False, level: int = 3,
                  lease_ttl_s: float = DEFAULT_LEASE_TTL_S, wait_s: float = 600.0, down_s: float = DEFAULT_DOWN_S,
-                 counters: bool | None = None, retry_s: float = 0.0, replica_client: Any = None):
+                 counters: bool | None = None, retry_s: float = 0.0, replica_reads: bool = False):
         if chunk_bytes <= 0:
             raise ValueError(f"chunk_bytes must be a positive number of bytes, got {chunk_bytes!r}")
         if ttl_s is not None and ttl_s <= 0:
@@ -140,7 +140,7 @@ class RedisCache(ReplicasMixin, BlobsMixin, CountersMixin, LeasesMixin, UpkeepMi
         self.write_counters = (not read_only) if counters is None else bool(counters)
         self.retry_s = float(retry_s)
         self._breaker = Breaker.for_server(server_key(url))
-        self._init_replicas(replica_client)
+        self._init_replicas(replica_reads and self.cluster)
         self._pending: Counter[str] = Counter()  # counts this cache may not send (read-only, denied)
         self._sink = CounterSink.for_hash(server_key(url), self._counters_key, self._send_counts)
         self._lock = threading.Lock()
@@ -189,7 +189,7 @@ class RedisCache(ReplicasMixin, BlobsMixin, CountersMixin, LeasesMixin, UpkeepMi
 
         Inside a :func:`~cache_backends.redis.failover.retrying` call (or with an explicit ``deadline``, for a helper
         thread), an error a cluster failover causes raises ``FailoverPending`` until the deadline, so that the call
-        runs again.  With ``replica`` (a read from the replica client), errors trip the replicas' own breaker only
+        runs again.  With ``replica`` (the replica pass of a read), errors trip the replicas' own breaker only
         and are logged at debug level: the caller reads from the masters instead."""
         if write and self.read_only:
             raise CacheReadOnlyError(self._read_only_message(what))
@@ -365,7 +365,6 @@ class RedisCache(ReplicasMixin, BlobsMixin, CountersMixin, LeasesMixin, UpkeepMi
         cluster client's node connections).  Never raises."""
         self._sink.flush()
         self._sink.detach(self._send_counts)
-        self._close_replicas()
         try:
             self.client.close()
         except (rex.RedisError, *_DOWN_ERRORS):
