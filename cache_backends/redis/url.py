@@ -57,12 +57,13 @@ URL_OPTIONS: dict[str, Callable[[str, str], object]] = {
     "replica_reads": parse_bool,
     "retry_s": parse_seconds,
     "nodes": parse_nodes,
+    "spread": parse_bool,
 }
 
 #: URL option -> keyword argument of ``RedisCache.__init__``.
 _KWARGS = {"prefix": "prefix", "ttl": "ttl_s", "chunk_size": "chunk_bytes", "read_only": "read_only",
            "level": "level", "lease_ttl": "lease_ttl_s", "wait": "wait_s", "down_s": "down_s",
-           "counters": "counters", "retry_s": "retry_s"}
+           "counters": "counters", "retry_s": "retry_s", "spread": "spread"}
 
 #: Nodes of each Redis Cluster this process has seen (``host:port`` of the URL -> every node's ``(host, port)``),
 #: tried after the URL's own node when a cluster client is opened: a cache opened after the URL's node died (a
