@@ -202,9 +202,10 @@ def _spread_cluster_class(readonly: bool = False) -> type:
     command's keys are): about 90 KB of reply, sent by redis-py's default node, the first master of the slot map,
     the same node for every worker.  A storm of N workers then pulls 90 KB x N (twice that when each worker had a
     second client for its replica reads) from that one node, the busiest by far when artifacts are small
-    (docs/fleet.md).  ``COMMAND`` reads nothing stored, so any node answers it the same; a random one spreads the
-    load.  Subclassing for a class attribute is redis-py's own pattern (``COMMAND_FLAGS`` is read per instance,
-    ``self.__class__.COMMAND_FLAGS.copy()``).
+    (docs/fleet.md).  ``COMMAND`` reads nothing stored, so any node answers it the same; a random one of all the
+    nodes, replicas too, spreads the load (redis-py sends a ``RANDOM`` command to a random master: that would leave
+    the masters ~90 KB a worker busier than their replicas).  Subclassing for a class attribute is redis-py's own
+    pattern (``COMMAND_FLAGS`` is read per instance, ``self.__class__.COMMAND_FLAGS.copy()``).
 
     ``READONLY`` lets a replica serve reads of its slots to this connection and changes nothing on a master (writes
     included), so one client's connections serve the replica pass and everything else.  redis-py sends it itself
@@ -220,6 +221,12 @@ def _spread_cluster_class(readonly: bool = False) -> type:
     class SpreadRedisCluster(RedisCluster):
         COMMAND_FLAGS = {**RedisCluster.COMMAND_FLAGS, "COMMAND": RedisCluster.RANDOM}
         readonly_refused = ""
+
+        def get_random_primary_or_all_nodes(self, command_name: Any) -> Any:
+            # a RANDOM command goes to a random master; COMMAND to any node, replicas too
+            if str(command_name).upper() == "COMMAND":
+                return self.get_random_node()
+            return super().get_random_primary_or_all_nodes(command_name)
 
         if readonly:
             def on_connect(self, connection: Any) -> None:
