@@ -86,6 +86,7 @@ def run_storm(target: Target, url: str, n: int, keys: list[str], base: Path, lab
         err = open(base / f"p{i}.err", "w")
         running.append((subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err), err))
         first += count
+    aborted = ""
     try:
         _wait_count(running, base / "ready", label, "ready", timeout)
         target.refresh_roles()
@@ -93,10 +94,16 @@ def run_storm(target: Target, url: str, n: int, keys: list[str], base: Path, lab
             go_at = time.time()
             (base / "GO.tmp").write_text(repr(go_at))
             os.replace(base / "GO.tmp", base / "GO")
-            _wait_count(running, base / "done", label, "done", timeout)
+            try:
+                _wait_count(running, base / "done", label, "done", timeout)
+            except StormAborted as err:
+                aborted = str(err)
+                log.warning("%s: %s", label, aborted)
             wall = time.time() - go_at
         (base / "STOP").write_text("stop")
         for proc, _ in running:
+            if aborted:
+                proc.kill()
             proc.wait(timeout=60)
     finally:
         for proc, err in running:
@@ -107,19 +114,42 @@ def run_storm(target: Target, url: str, n: int, keys: list[str], base: Path, lab
     docs = []
     for i, (proc, _) in enumerate(running):
         out = base / f"p{i}.json"
+        if aborted and not out.exists():
+            continue
         if not out.exists():
             raise SystemExit(f"{label}: client process {i} exited with {proc.returncode}:\n"
                              f"{(base / f'p{i}.err').read_text()[-3000:]}")
         docs.append(json.loads(out.read_text()))
-    return summarize(docs, sampler.deltas(), n, len(keys), label, wall)
+    return {**summarize(docs, sampler.deltas(), n, len(keys), label, wall), "aborted": aborted}
+
+
+class StormAborted(Exception):
+    """The host ran short of memory during a storm: its clients were stopped."""
+
+
+#: A storm is stopped when the host's ``MemAvailable`` falls below this (other work shares the machine).
+MEM_RESERVE = 1 << 30
+
+
+def mem_available() -> int:
+    """``MemAvailable`` of ``/proc/meminfo``, bytes."""
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return 0
 
 
 def _wait_count(running, folder: Path, label: str, what: str, timeout: float) -> None:
-    deadline, shown = time.monotonic() + timeout, time.monotonic()
+    deadline, shown, checked = time.monotonic() + timeout, time.monotonic(), 0.0
     while True:
         count = len(list(folder.iterdir())) if folder.exists() else 0
         if count == len(running):
             return
+        if time.monotonic() - checked > 0.5:
+            checked = time.monotonic()
+            if mem_available() < MEM_RESERVE:
+                raise StormAborted(f"stopped: MemAvailable fell below {MEM_RESERVE >> 20} MiB with {count}/"
+                                   f"{len(running)} client processes {what}; try fewer clients")
         dead = [i for i, (p, _) in enumerate(running) if p.poll() is not None]
         if dead and what == "ready":
             raise SystemExit(f"{label}: client process {dead[0]} exited before GO")
@@ -152,7 +182,7 @@ def summarize(docs: list[dict], nodes: dict[int, dict], n: int, keys: int, label
             "error_samples": errors[:5], "timeouts": sum(c["timeouts"] for c in clients),
             "breakers_tripped": sum(len(d["breakers_tripped"]) for d in docs),
             "verified_bytes": sum(c["bytes"] for c in clients),
-            "client_cpu_s": sum(d["cpu_s"] for d in docs), "client_rss_mib": max(d["rss_mib"] for d in docs),
+            "client_cpu_s": sum(d["cpu_s"] for d in docs), "client_rss_mib": sum(d["rss_mib"] for d in docs),
             "nodes": {str(port): d for port, d in nodes.items()}, "served_bytes": served,
             "peak_connections": sum(d["peak_clients"] for d in nodes.values()),
             "peak_connections_per_node": max((d["peak_clients"] for d in nodes.values()), default=0),

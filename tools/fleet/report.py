@@ -150,7 +150,7 @@ def print_fetch_tables(result: dict) -> None:
                         f"{'yes' if result['signed'] else 'no'})")
         for col in ("N", "p50 s", "p99 s", "max s", "p99/lone", "CPU floor s", "p99/floor", "open p50 s", "hits", "builds", "errors", "timeouts",
                     "breakers", "MB served", "max node share", "peak conns/node", "conns/client", "Redis CPU s",
-                    "CPU s/GB", "client CPU s", "wall s"):
+                    "CPU s/GB", "client CPU s", "client RSS MiB", "wall s"):
             t.add_column(col, justify="right")
         for s in storms:
             t.add_row(str(s["workers"]), _fmt(s["p50"], ".3f"), _fmt(s["p99"], ".3f"), _fmt(s["max"], ".3f"),
@@ -160,12 +160,13 @@ def print_fetch_tables(result: dict) -> None:
                       str(s["builds"]), str(s["errors"]), str(s["timeouts"]), str(s["breakers_tripped"]),
                       f"{s['served_bytes'] / 1e6:,.1f}", _fmt(node_share(s)), str(s["peak_connections_per_node"]),
                       _fmt(s["peak_connections"] / s["workers"], ".1f"), _fmt(s["redis_cpu_s"]),
-                      _fmt(s["redis_cpu_s_per_gb"], ".1f"), _fmt(s["client_cpu_s"], ".1f"), _fmt(s["wall_s"], ".1f"))
+                      _fmt(s["redis_cpu_s_per_gb"], ".1f"), _fmt(s["client_cpu_s"], ".1f"), _fmt(s["client_rss_mib"], ",.0f"),
+                      _fmt(s["wall_s"], ".1f"))
         con.print(t)
         if target == "cluster":
             _fetch_node_table(con, storms, f"cluster, {name} artifacts: MB served / peak connections per node")
         for s in storms:
-            for e in s["error_samples"]:
+            for e in ([s["aborted"]] if s.get("aborted") else []) + s["error_samples"]:
                 con.print(f"  {s['label']}: {e}")
     con.print(f"1-minute load average {result['loadavg_start']:.2f} at start, {result['loadavg_end']:.2f} at end; "
               f"{result['seconds']:.0f} s in all")
