@@ -265,6 +265,8 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S",
                         stream=sys.stderr)
     if a.fetch_only:
+        if a.faults or a.fault or a.tiered:
+            raise SystemExit("--fetch-only runs no faults and no tiered storm; run those without it")
         return _fetch_only(a, argv)
     sizes = sorted(int(s) for s in (a.workers or "16,64").split(","))
     names = list(fleet_faults.DEFAULT_FAULTS) if a.faults else []

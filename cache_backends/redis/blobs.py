@@ -19,7 +19,7 @@ from cache_backends.base import MISS, Bounds, _Miss, blob_bound, check_name
 from cache_backends.redis import codec
 from cache_backends.redis.codec import ChunkedHead
 from cache_backends.redis.failover import current_deadline, retrying
-from precompile.errors import CacheError, InputLimitError
+from precompile.errors import InputLimitError
 
 log = logging.getLogger("precompile.cache")
 
