@@ -94,11 +94,21 @@ class RedisBackend(Backend):
         """Writes made through ``client`` reach its replicas (none on one redis-server)."""
 
     def corrupt(self, cache, digest):
-        head = f"{self.prefix}:blob:{{{digest}}}"
-        client = self._client_of(head)
-        target = f"{head}:0" if client.exists(f"{head}:0") else head
+        """Flip a byte of the blob's first chunk or spread piece, or of its head when it is stored whole; returns
+        the client of the node holding the damage."""
+        from cache_backends.redis.codec import CHUNKED_HEAD_BYTES, parse_chunked
+
+        head, spread = f"{self.prefix}:blob:{{{digest}}}", f"{self.prefix}:spread:{{{digest}}}"
+        client = self._client_of(head)  # the spread head has the same hash tag
+        pieces = parse_chunked(client.getrange(spread, 0, CHUNKED_HEAD_BYTES - 1), spread=True)
+        if pieces is not None:
+            target = cache._piece_key(digest, 0, pieces.count)
+            client = self._client_of(target)
+        else:
+            target = f"{head}:0" if client.exists(f"{head}:0") else head
         at = client.strlen(target) // 2
         client.setrange(target, at, bytes([client.getrange(target, at, at)[0] ^ 0x01]))
+        return client
 
     @contextmanager
     def down(self):
@@ -130,8 +140,7 @@ class ClusterBackend(RedisBackend):
         client.execute_command("WAIT", 1, 1000)  # the replica has it too: the replica pass reads what was planted
 
     def corrupt(self, cache, digest):
-        super().corrupt(cache, digest)
-        self._replicated(self._client_of(f"{self.prefix}:blob:{{{digest}}}"))  # the replica has the damage too
+        self._replicated(super().corrupt(cache, digest))  # the replica has the damage too
 
     @contextmanager
     def down(self):

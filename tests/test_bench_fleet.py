@@ -51,3 +51,36 @@ def test_max_node_share_is_the_busiest_node_over_an_even_split():
     assert node_share(storm) == pytest.approx(1.5)
     storm["serving"] = ["1", "2", "3", "4", "5", "6"]  # replicas serving too: the fair share halves
     assert node_share(storm) == pytest.approx(3.0)
+
+
+def test_a_fetch_only_storm_reads_verifies_and_counts_everything_against_a_real_redis(artifacts, tmp_path):
+    """``--fetch-only`` at N=3 on one real redis-server, with a real compiled artifact (and its GPU-size copy): every
+    client reads and verifies every byte of every signed artifact; the JSON's figures come from what was measured."""
+    import json
+    import subprocess
+    import sys
+
+    from _redis import require_redis
+    from conftest import REPO, python_env
+
+    require_redis()
+    artifacts("make_fx")
+    out = tmp_path / "all.json"
+    res = subprocess.run([sys.executable, "tools/bench_fleet.py", "--fetch-only", "--workers", "3", "--keys", "1",
+                          "--seed-cache", artifacts.cache_url_for("make_fx"), "--gpu-mb", "0.5", "--lone-repeat",
+                          "1", "--procs", "2", "--json", "--json-out", str(out)],
+                         cwd=REPO, env=python_env(), capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-4000:]
+    line = json.loads(res.stdout.strip().splitlines()[-1])
+    assert (line["workers"], line["target"], line["errors"], line["builds"]) == (3, "redis", 0, 0), line
+    assert line["timeouts"] == 0 and line["breaker_trips"] == 0
+    assert line["peak_connections_per_node"] >= 3  # every client holds its connection until the storm ends
+    full = json.loads(out.read_text())
+    assert full["signed"] and set(full["sets"]) == {"cpu", "gpu"}
+    for name, by in line["by_artifacts"].items():
+        storm = next(s for s in full["storms"] if s["artifacts"] == name)
+        assert storm["outcomes"] == {"hit": 3}, storm["outcomes"]
+        assert by["verified_bytes"] == 3 * full["sets"][name]["read_bytes"] > 0  # every byte read and hashed
+        assert by["served_bytes"] >= 3 * full["sets"][name]["stored_bytes"] * 0.9, by  # Redis sent them
+        assert by["p99_over_lone"] > 0 and by["max_node_share"] == 1.0  # one server serves all
+    assert full["sets"]["gpu"]["stored_bytes"] > 5 * full["sets"]["cpu"]["stored_bytes"]

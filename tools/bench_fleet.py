@@ -25,6 +25,14 @@ With ``--faults`` (or ``--fault NAME,...``), on a fresh target (the cluster with
 of the cold storm's artifacts, a storm of ``--fault-workers`` (default: the smallest N) per fault
 (:mod:`tools.fleet.faults`: kill-master, kill-builder, oom, stop-node); after each, ``precompile verify``.
 
+With ``--fetch-only`` (:mod:`tools.fleet.fetchonly`), no worker imports torch or loads anything: storms of
+fetch-only clients (:mod:`tools.fleet.client`), many per process, each reading and verifying what a worker's load
+reads (refs, signed manifests, blobs), on one redis-server and (``--cluster``) the cluster, per artifact set
+(``--artifacts``: the real CPU builds, and GPU-size ones of ``--gpu-mb`` MB a worker made from them) and per N
+(default 16, 64, 256, 1024), beside a lone client; per N: p50/p99 seconds and p99 over the lone client, peak
+connections per node, bytes per node and ``max_node_share``, Redis CPU seconds per GB served, errors, timeouts,
+breaker trips and builds.
+
 The workers' imports are warmed once with ``PYTHONDONTWRITEBYTECODE`` unset, and the workers run with it unset
 (this workplace sets it, which would make every worker compile its imports' source).  An N whose workers would
 not fit in ``MemAvailable`` (the lone worker's peak RSS x N x 1.3) is skipped and says so.  Progress goes to
@@ -32,6 +40,7 @@ stderr; tables to stdout; with ``--json`` the last line is one JSON object (``--
 
     python tools/bench_fleet.py --workers 4 --keys 2                       # quick
     python tools/bench_fleet.py --workers 16,64 --cluster --faults --tiered --json
+    python tools/bench_fleet.py --fetch-only --cluster --json                # 16..1024 fetch-only clients
 """
 
 from __future__ import annotations
@@ -59,7 +68,8 @@ log = logging.getLogger("bench_fleet")
 
 def _args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--workers", default="16,64", help="fleet sizes, comma-separated")
+    p.add_argument("--workers", default=None, help="fleet sizes, comma-separated (default 16,64; fetch-only "
+                   "16,64,256,1024)")
     p.add_argument("--keys", type=int, default=4, help="graphs (artifact keys) every worker gets")
     p.add_argument("--cluster", action="store_true", help="also a Redis Cluster of 3 masters with 1 replica each")
     p.add_argument("--no-single", action="store_true", help="skip the single redis-server target")
@@ -74,6 +84,13 @@ def _args(argv=None) -> argparse.Namespace:
     p.add_argument("--json", action="store_true", help="end with one JSON line")
     p.add_argument("--json-out", default=None, help="write every storm's details here")
     p.add_argument("--workdir", default=None, help="keep worker dirs and logs here (default: a temp dir, removed)")
+    f = p.add_argument_group("fetch-only storms (tools/fleet/fetchonly.py)")
+    f.add_argument("--fetch-only", action="store_true", help="clients that fetch and verify, no torch, no load")
+    f.add_argument("--artifacts", default="cpu,gpu", help="artifact sets: cpu (real builds), gpu (GPU-size)")
+    f.add_argument("--gpu-mb", type=float, default=13.0, help="MB a worker reads of the gpu set, as stored")
+    f.add_argument("--seed-cache", default=None, help="read the cpu set from this cache (default: build it)")
+    f.add_argument("--procs", type=int, default=max(2, os.cpu_count() or 2), help="client processes a storm")
+    f.add_argument("--no-sign", action="store_true", help="store unsigned artifacts; clients check no signature")
     return p.parse_args(argv)
 
 
@@ -122,8 +139,8 @@ class Bench:
         label = f"{target.kind} N={n} {storm}"
         s = run_storm(target, url or target.url(), n, self.a.keys, self.work / f"s{self.seq}-{storm}", label,
                       timeout=self.a.timeout, **kw)
-        s.update(target=target.kind, storm=storm, node_names=_node_names(target),
-                 serving=_serving(target, self.replica_reads))
+        s.update(target=target.kind, storm=storm, node_names=target.node_names(),
+                 serving=target.serving(self.replica_reads))
         log.info("%s: builds %d, outcomes %s, ttfo p50 %.2f p99 %.2f s, served %d bytes, wrong %d, crashed %d",
                  label, s["builds"], s["outcomes"], s["ttfo_p50"] or -1, s["ttfo_p99"] or -1, s["served_bytes"],
                  s["wrong_outputs"], len(s["crashed"]))
@@ -219,30 +236,39 @@ def _near_counters(near: Path) -> dict:
     return {k: v for k, v in counters.items() if k.startswith(("near_", "remote_"))}
 
 
-def _node_names(target: Target) -> dict[str, str]:
-    """Port -> a short name by the role each node had at the target's start: m0.. for masters, r0.. replicas."""
-    names, counts = {}, {"master": 0, "replica": 0}
-    if target.kind != "cluster":
-        return {str(target.nodes[0].port): "redis"}
-    for n in target.nodes:
-        role = "master" if n.port in target.first_masters else "replica"
-        names[str(n.port)] = f"{role[0]}{counts[role]}"
-        counts[role] += 1
-    return names
+def _fetch_only(a: argparse.Namespace, argv) -> int:
+    from tools.fleet.fetchonly import run
+    from tools.fleet.report import fetch_summary_line, print_fetch_tables
 
-
-def _serving(target: Target, replica_reads: bool) -> list[str]:
-    """The nodes that serve reads: every master (at the start), and every replica with replica reads."""
-    if target.kind != "cluster":
-        return [str(target.nodes[0].port)]
-    return [str(n.port) for n in target.nodes if replica_reads or n.port in target.first_masters]
+    sizes = sorted(int(s) for s in (a.workers or "16,64,256,1024").split(","))
+    replica_reads = _replica_reads(a.replica_reads)[0] if a.cluster else False
+    work = Path(a.workdir or tempfile.mkdtemp(prefix="bench-fleet-"))
+    work.mkdir(parents=True, exist_ok=True)
+    started, load0 = time.time(), os.getloadavg()[0]
+    try:
+        result = run(a, work, replica_reads, sizes)
+    finally:
+        if not a.workdir:
+            shutil.rmtree(work, ignore_errors=True)
+    result.update(command=" ".join(["python", "tools/bench_fleet.py", *(argv or sys.argv[1:])]),
+                  loadavg_start=load0, loadavg_end=os.getloadavg()[0], seconds=time.time() - started)
+    if a.json_out:
+        Path(a.json_out).write_text(json.dumps(result, indent=1) + "\n")
+    print_fetch_tables(result)
+    if a.json:
+        print(json.dumps(fetch_summary_line(result)))
+    return 0
 
 
 def main(argv=None) -> int:
     a = _args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S",
                         stream=sys.stderr)
-    sizes = sorted(int(s) for s in a.workers.split(","))
+    if a.fetch_only:
+        if a.faults or a.fault or a.tiered:
+            raise SystemExit("--fetch-only runs no faults and no tiered storm; run those without it")
+        return _fetch_only(a, argv)
+    sizes = sorted(int(s) for s in (a.workers or "16,64").split(","))
     names = list(fleet_faults.DEFAULT_FAULTS) if a.faults else []
     names += [f for f in a.fault.split(",") if f and f not in names]
     unknown = set(names) - set(fleet_faults.FAULTS)

@@ -1,8 +1,10 @@
 """The Redis backend (``redis://``, ``rediss://``, ``unix://``, Redis Cluster):
 :class:`cache_backends.redis.cache.RedisCache`.
 
-Modules, one concern each: :mod:`.cache` (the cache and its interface), :mod:`.blobs` (chunked blob reads and
-writes), :mod:`.codec` (the stored byte format of a chunked blob), :mod:`.counters` (fleet-wide stats),
+Modules, one concern each: :mod:`.cache` (the cache and its interface), :mod:`.blobs` (blob reads),
+:mod:`.writes` (blob writes, and deleting or refreshing a blob's parts), :mod:`.codec` (the stored byte format of a
+blob, whole, chunked or spread), :mod:`.spread` (which slots a spread blob's pieces go to), :mod:`.counters`
+(fleet-wide stats),
 :mod:`.leases` (build leases: ``SET NX PX`` and compare-and-delete), :mod:`.health` (the circuit breaker per
 server), :mod:`.failover` (retries through a failover), :mod:`.replicas` (reads from replicas), :mod:`.upkeep`
 (listing, TTL, eviction) and :mod:`.url` (the URL's options, TLS and ACL).

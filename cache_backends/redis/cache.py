@@ -7,16 +7,20 @@ Key layout (``P`` is the key prefix, default ``precompile``; see DESIGN.md, "Cac
                                kind "C" / "K": the payload is struct "<IQ" (chunk count, stored length in
                                bytes); the chunks hold a zstd frame / the raw bytes
     P:blob:{<digest>}:<i>    chunk i of a chunked blob (i = 0..count-1)
+    P:spread:{<digest>}      a spread blob's head: b"PCB1" + "S" / "T" + struct "<IQ" (piece count, length)
+    P:piece:{<tag>}<digest>:<n>:<i>   piece i of the n pieces of a spread blob, under a hash tag of its own
     P:ref:<artifact key>     the manifest digest (64 hex ASCII bytes)
     P:lease:<artifact key>   a build lease: a random token, with a PX expiry
     P:counters               hash of fleet-wide counters (HINCRBY)
 
-Every key of one blob carries the hash tag ``{<digest>}``, so in a Redis Cluster a blob lives on one slot and
-its chunks are read in one pipelined round trip per node.  Blobs are stored as zstd frames (raw where zstd saves
-little) split into chunks of at most ``chunk_size`` bytes, so a blob may exceed Redis's 512 MiB string limit; a
-chunked read fetches the next batch of chunks while it decompresses and hashes the last one.  A blob is written
-chunks first, head last, and the head is what makes it exist; a ref is written by callers only after every blob
-it names.  Every read is verified against the digest: a head or chunk that is missing, garbled or does not hash
+Blobs are stored as zstd frames (raw where zstd saves little), whole in their head when short, else in chunks or
+pieces of at most ``chunk_size`` bytes, so a blob may exceed Redis's 512 MiB string limit.  The chunks of a chunked
+blob carry its hash tag ``{<digest>}``: in a Redis Cluster they live on one slot, so one master (and its replicas)
+serves every copy a fleet reads.  The pieces of a spread blob (``spread=1``, the default on a cluster; frames over
+16 KiB) carry hash tags that spread them evenly over the slots (:mod:`cache_backends.redis.spread`), so every master
+serves an even share of each; their reads are pipelined per node.  A read fetches the next batch of chunks or pieces
+while it decompresses and hashes the last one.  A blob is written chunks (pieces) first, head last, and the head is
+what makes it exist; a ref is written by callers only after every blob it names.  Every read is verified against the digest: a head or chunk that is missing, garbled or does not hash
 right is a miss, counted under ``errors``, and deleted (unless read-only) so the next writer replaces it.
 
 A serving worker opens the cache with ``read_only=1``: it never writes (no TTL refresh, no repair, no counters
@@ -41,7 +45,8 @@ only up to the reader's ``max_bytes`` (:mod:`cache_backends.bounded`), a frame n
 is read with ``GETRANGE`` up to :data:`~cache_backends.bounded.MAX_REF_BYTES`.
 
 The URL and its options are parsed in :mod:`cache_backends.redis.url`, the stored head and chunk format in
-:mod:`cache_backends.redis.codec`; blobs are read and written in :mod:`cache_backends.redis.blobs`, counters in
+:mod:`cache_backends.redis.codec`, where spread pieces go in :mod:`cache_backends.redis.spread`; blobs are read in
+:mod:`cache_backends.redis.blobs` and written in :mod:`cache_backends.redis.writes`, counters in
 :mod:`cache_backends.redis.counters`, build leases in :mod:`cache_backends.redis.leases`.
 """
 
@@ -60,14 +65,17 @@ import redis.exceptions as rex
 from cache_backends.base import HEX64, MISS, Cache, _Miss, check_name
 from cache_backends.bounded import MAX_REF_BYTES
 from cache_backends.redis.blobs import WRONG_TYPE, BlobsMixin, execute
+from cache_backends.redis.codec import ChunkedHead
 from cache_backends.redis.counters import CountersMixin
 from cache_backends.redis.failover import FailoverPending, current_deadline, is_failover, retrying
 from cache_backends.redis.health import Breaker, CounterSink, server_key
 from cache_backends.redis.leases import ACQUIRE_LUA, RELEASE_LUA, RENEW_LUA, LeasesMixin
 from cache_backends.redis.replicas import ReplicasMixin
+from cache_backends.redis.spread import piece_tag
 from cache_backends.redis.upkeep import UpkeepMixin
 from cache_backends.redis.url import DOWN_ERRORS as _DOWN_ERRORS
 from cache_backends.redis.url import open_client
+from cache_backends.redis.writes import WritesMixin
 from precompile.errors import CacheError, CacheReadOnlyError, CacheUnavailableError
 
 __all__ = ["RedisCache"]
@@ -81,7 +89,7 @@ DEFAULT_CHUNK_BYTES = 4 << 20
 DEFAULT_LEASE_TTL_S = 30.0
 #: Default seconds the cache fails fast after the server was found unavailable.
 DEFAULT_DOWN_S = 10.0
-class RedisCache(ReplicasMixin, BlobsMixin, CountersMixin, LeasesMixin, UpkeepMixin, Cache):
+class RedisCache(ReplicasMixin, BlobsMixin, WritesMixin, CountersMixin, LeasesMixin, UpkeepMixin, Cache):
     """Blobs, refs, leases and counters in one Redis database or Redis Cluster.
 
     Open it with :func:`cache_backends.open_cache` and a URL::
@@ -97,7 +105,9 @@ class RedisCache(ReplicasMixin, BlobsMixin, CountersMixin, LeasesMixin, UpkeepMi
     ``retry_s`` (seconds an operation keeps retrying through a cluster failover, with backoff; default 10 for a
     cluster, 0 for one server; :mod:`cache_backends.redis.failover`), ``nodes`` (cluster only: more nodes to ask
     for the slot map, ``host:port`` separated by commas, so that a worker starting while the URL's node is down
-    still opens the cache),
+    still opens the cache), ``spread`` (1/0: write blobs longer than 16 KiB as spread pieces; default 1 on a
+    cluster, 0 on one server: ``spread=0`` writes the chunked layout, which precompile versions before the spread
+    layout read too),
     ``lease_ttl`` (seconds a build lease lives unless renewed; default 30), ``wait`` (seconds a worker waits for
     another's build before building itself; default 600), ``timeout`` (socket timeout, seconds; default 5),
     ``down_s`` (seconds to fail fast after the server was unreachable; default 10), ``level`` (zstd level),
@@ -120,7 +130,8 @@ class RedisCache(ReplicasMixin, BlobsMixin, CountersMixin, LeasesMixin, UpkeepMi
     def __init__(self, client: Any, *, url: str, prefix: str = "precompile", ttl_s: float | None = None,
                  chunk_bytes: int = DEFAULT_CHUNK_BYTES, read_only: bool = False, level: int = 3,
                  lease_ttl_s: float = DEFAULT_LEASE_TTL_S, wait_s: float = 600.0, down_s: float = DEFAULT_DOWN_S,
-                 counters: bool | None = None, retry_s: float = 0.0, replica_client: Any = None):
+                 counters: bool | None = None, retry_s: float = 0.0, replica_reads: bool = False,
+                 spread: bool | None = None):
         if chunk_bytes <= 0:
             raise ValueError(f"chunk_bytes must be a positive number of bytes, got {chunk_bytes!r}")
         if ttl_s is not None and ttl_s <= 0:
@@ -137,11 +148,13 @@ class RedisCache(ReplicasMixin, BlobsMixin, CountersMixin, LeasesMixin, UpkeepMi
         self.wait_s = float(wait_s)
         self.down_s = float(down_s)
         self.cluster = any(c.__name__ == "RedisCluster" for c in type(client).__mro__)
+        #: whether blobs longer than their head holds are written in the spread layout (else the chunked one)
+        self.spread = self.cluster if spread is None else bool(spread)
         #: whether counter increments are sent (the one write a read-only cache may be allowed)
         self.write_counters = (not read_only) if counters is None else bool(counters)
         self.retry_s = float(retry_s)
         self._breaker = Breaker.for_server(server_key(url))
-        self._init_replicas(replica_client)
+        self._init_replicas(replica_reads and self.cluster)
         self._pending: Counter[str] = Counter()  # counts this cache may not send (read-only, denied)
         self._sink = CounterSink.for_hash(server_key(url), self._counters_key, self._send_counts)
         self._lock = threading.Lock()
@@ -172,6 +185,16 @@ class RedisCache(ReplicasMixin, BlobsMixin, CountersMixin, LeasesMixin, UpkeepMi
     def _chunk_key(self, digest: str, i: int) -> str:
         return f"{self.prefix}:blob:{{{digest}}}:{i}"
 
+    def _spread_key(self, digest: str) -> str:
+        return f"{self.prefix}:spread:{{{digest}}}"
+
+    def _piece_key(self, digest: str, i: int, count: int) -> str:
+        return f"{self.prefix}:piece:{{{piece_tag(digest, i, count)}}}{digest}:{count}:{i}"
+
+    def _part_key(self, digest: str, i: int, head: ChunkedHead) -> str:
+        """The key of chunk ``i`` of a chunked blob, or of piece ``i`` of a spread one (``head`` says which)."""
+        return self._piece_key(digest, i, head.count) if head.spread else self._chunk_key(digest, i)
+
     def _ref_key(self, key: str) -> str:
         return f"{self.prefix}:ref:{key}"
 
@@ -190,7 +213,7 @@ class RedisCache(ReplicasMixin, BlobsMixin, CountersMixin, LeasesMixin, UpkeepMi
 
         Inside a :func:`~cache_backends.redis.failover.retrying` call (or with an explicit ``deadline``, for a helper
         thread), an error a cluster failover causes raises ``FailoverPending`` until the deadline, so that the call
-        runs again.  With ``replica`` (a read from the replica client), errors trip the replicas' own breaker only
+        runs again.  With ``replica`` (the replica pass of a read), errors trip the replicas' own breaker only
         and are logged at debug level: the caller reads from the masters instead."""
         if write and self.read_only:
             raise CacheReadOnlyError(self._read_only_message(what))
@@ -367,7 +390,6 @@ class RedisCache(ReplicasMixin, BlobsMixin, CountersMixin, LeasesMixin, UpkeepMi
         cluster client's node connections).  Never raises."""
         self._sink.flush()
         self._sink.detach(self._send_counts)
-        self._close_replicas()
         try:
             self.client.close()
         except (rex.RedisError, *_DOWN_ERRORS):

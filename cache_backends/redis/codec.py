@@ -1,10 +1,18 @@
-"""How a blob is stored in Redis: its head (inline bytes, or a chunk count and length) and its chunks.
+"""How a blob is stored in Redis: its head (inline bytes, or a piece count and length) and its pieces.
 
 ``P:blob:{<digest>}`` holds ``b"PCB1"`` + a kind byte + a payload:
 
 - ``Z`` / ``R``: the payload is the whole blob, as a zstd frame / the raw bytes;
-- ``C`` / ``K``: the payload is struct ``<IQ`` (chunk count, stored length in bytes); chunks
-  ``P:blob:{<digest>}:<i>`` hold a zstd frame / the raw bytes.
+- ``C`` / ``K`` (the chunked layout: written with ``spread=0``, the default on one server, and by precompile before
+  the spread layout; always read): the payload is struct ``<IQ`` (chunk count, stored length in bytes); chunks
+  ``P:blob:{<digest>}:<i>`` hold a zstd frame / the raw bytes, each at most ``chunk_size`` long, the last shorter.
+
+``P:spread:{<digest>}`` (the spread layout: ``spread=1``, the default on a cluster) holds ``b"PCB1"`` + ``S`` /
+``T`` + struct ``<IQ`` (piece count, stored length): the zstd frame / raw bytes cut into that many pieces, piece
+``i`` of ``n`` in ``P:piece:{<tag>}<digest>:<n>:<i>``, each ``i * length // n`` to ``(i + 1) * length // n``, under a
+hash tag of its own that spreads the pieces evenly over the cluster's slots (:mod:`cache_backends.redis.spread`).
+A version of precompile that predates it never reads ``P:spread:`` keys: to it a spread blob is absent, a clean
+miss (docs/format.md, "In a cache").
 
 Raw is used where zstd saves less than :data:`RAW_IF_SAVING_BELOW` of the size (kernel binaries, random data).
 Reading verifies everything: a head that does not parse, a chunk that is missing or longer than the head allows,
@@ -31,6 +39,10 @@ from precompile.errors import InputLimitError
 MAGIC = b"PCB1"
 HEAD_CHUNKED = struct.Struct("<IQ")
 INLINE_ZSTD, INLINE_RAW, CHUNKED_ZSTD, CHUNKED_RAW = b"Z", b"R", b"C", b"K"
+SPREAD_ZSTD, SPREAD_RAW = b"S", b"T"
+#: Stored frames up to this long stay whole in their head with ``spread=1`` (and up to ``chunk_size``); longer ones
+#: are spread in pieces (a small blob in pieces would cost more round trips than its bytes).
+SPREAD_MIN_BYTES = 16 << 10
 #: Raw (not zstd) where zstd saves less than this fraction of the size.
 RAW_IF_SAVING_BELOW = 0.03
 #: Bytes of a chunked head (what a GETRANGE of a head must read to learn its chunk count).
@@ -44,11 +56,13 @@ MAX_BATCH = 1024
 
 @dataclass(frozen=True)
 class ChunkedHead:
-    """A chunked blob's head: ``count`` chunks holding ``total`` stored bytes, raw or one zstd frame."""
+    """A chunked or spread blob's head: ``count`` chunks (pieces) holding ``total`` stored bytes, raw or one zstd
+    frame; ``spread``: the pieces of the spread layout, else the chunks of the chunked one."""
 
     count: int
     total: int
     raw: bool
+    spread: bool = False
 
 
 def inline_head(payload: bytes, raw: bool) -> bytes:
@@ -61,20 +75,27 @@ def chunked_head(count: int, total: int, raw: bool) -> bytes:
     return MAGIC + (CHUNKED_RAW if raw else CHUNKED_ZSTD) + HEAD_CHUNKED.pack(count, total)
 
 
+def spread_head(count: int, total: int, raw: bool) -> bytes:
+    """The head of a blob stored as ``count`` spread pieces holding ``total`` bytes (at ``P:spread:{<digest>}``)."""
+    return MAGIC + (SPREAD_RAW if raw else SPREAD_ZSTD) + HEAD_CHUNKED.pack(count, total)
+
+
 def head_kind(head: bytes) -> bytes:
     """The kind byte of a head (``b""`` when it does not start with the magic)."""
     return head[len(MAGIC):len(MAGIC) + 1] if head.startswith(MAGIC) else b""
 
 
-def parse_chunked(head: bytes | None) -> ChunkedHead | None:
-    """The chunk count and length of a chunked head, or None when ``head`` is not one or is impossible (no
-    chunk, or more chunks than stored bytes: every chunk holds at least one)."""
-    if (head is None or len(head) != CHUNKED_HEAD_BYTES or head_kind(head) not in (CHUNKED_ZSTD, CHUNKED_RAW)):
+def parse_chunked(head: bytes | None, spread: bool = False) -> ChunkedHead | None:
+    """The chunk count and length of a chunked head (``P:blob:``, kinds ``C`` / ``K``), or with ``spread`` of a
+    spread head (``P:spread:``, kinds ``S`` / ``T``); None when ``head`` is not one or is impossible (no chunk, or
+    more chunks than stored bytes: every chunk holds at least one)."""
+    kinds = (SPREAD_ZSTD, SPREAD_RAW) if spread else (CHUNKED_ZSTD, CHUNKED_RAW)
+    if head is None or len(head) != CHUNKED_HEAD_BYTES or head_kind(head) not in kinds:
         return None
     count, total = HEAD_CHUNKED.unpack_from(head, len(MAGIC) + 1)
     if count < 1 or count > total:
         return None
-    return ChunkedHead(count, total, head_kind(head) == CHUNKED_RAW)
+    return ChunkedHead(count, total, head_kind(head) in (CHUNKED_RAW, SPREAD_RAW), spread)
 
 
 def head_limit(max_bytes: int) -> int:
@@ -122,8 +143,11 @@ def decode_inline(digest: str, head: bytes, max_bytes: int) -> tuple[bytes | Non
 
 def chunk_limit(head: ChunkedHead) -> int:
     """Most bytes one chunk of ``head``'s blob can hold, whatever chunk size its writer used: a writer of chunks of
-    ``c`` bytes makes ``count = ceil(total / c)`` of them, so ``c < total / (count - 1)``.  A chunk longer than this
-    is a lie, read no further (a GETRANGE's length)."""
+    ``c`` bytes makes ``count = ceil(total / c)`` of them, so ``c < total / (count - 1)``; a spread blob's pieces
+    hold at most ``ceil(total / count)`` bytes each.  A chunk longer than this is a lie, read no further (a
+    GETRANGE's length)."""
+    if head.spread:
+        return -(-head.total // head.count)
     return head.total if head.count == 1 else -(-head.total // (head.count - 1))
 
 

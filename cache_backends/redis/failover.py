@@ -10,8 +10,8 @@ method marked :func:`retrying` runs again, after a pause that doubles from :data
 :class:`~precompile.errors.CacheUnavailableError`.
 
 A timeout is never retried, by this module or by redis-py (cluster clients are built with no retries of their
-own): a stalled node (SIGSTOP, a partition) costs one socket timeout through the masters' client, and at most one
-more through the replica-read client, then the breakers.  Every operation retried is idempotent (reads, SETs of
+own): a stalled node (SIGSTOP, a partition) costs one socket timeout in the masters' pass, and at most one more in
+the replica pass, then the breakers.  Every operation retried is idempotent (reads, SETs of
 content-addressed values, compare-and-set scripts; a lease is taken with one token for every try, so a try whose
 reply was lost is found to be the caller's own).
 """

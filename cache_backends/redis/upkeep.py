@@ -1,7 +1,7 @@
 """Listing, checking and deleting what a Redis cache stores, for ``precompile verify`` and ``precompile gc``.
 
 The methods of :class:`UpkeepMixin` are part of :class:`cache_backends.redis.cache.RedisCache`, which provides
-``_talk``, the key names, ``_fetch_chunks``, ``_each_chunk``, ``_release`` and ``chunk_bytes``.  Nothing here is
+``_talk``, the key names, ``_fetch_chunks``, ``_each_part``, ``_release`` and ``chunk_bytes``.  Nothing here is
 on a load's path.
 """
 
@@ -44,32 +44,39 @@ class UpkeepMixin:
         return now - idle if isinstance(idle, int) else None  # OBJECT IDLETIME fails under an LFU policy
 
     def list_blobs(self) -> list[StoredBlob]:
-        """Every blob head: digest, bytes stored (head, plus chunks for a chunked blob), and now minus the head's
-        idle time (Redis's LRU clock: a read refreshes it).
+        """Every blob head (``P:blob:`` and ``P:spread:``; a blob stored in both layouts is listed once, with both
+        sizes): digest, bytes stored (head, plus chunks or pieces), and now minus the head's idle time (Redis's LRU
+        clock: a read refreshes it).
 
         Raises:
             CacheUnavailableError: Redis cannot be reached.
         """
         with self._talk("listing blobs"):
-            heads = [n for n in self._scan_keys(f"{self.prefix}:blob:*") if n.endswith("}")]
-            digests = [n[n.rindex("{") + 1:-1] for n in heads]
+            heads = [(n, False) for n in self._scan_keys(f"{self.prefix}:blob:*") if n.endswith("}")]
+            heads += [(n, True) for n in self._scan_keys(f"{self.prefix}:spread:*") if n.endswith("}")]
             pipe = self.client.pipeline(transaction=False)
-            for name in heads:
+            for name, _ in heads:
                 pipe.strlen(name)
                 pipe.getrange(name, 0, codec.CHUNKED_HEAD_BYTES - 1)
                 pipe.object("idletime", name)
             replies = pipe.execute(raise_on_error=False) if heads else []
         now = time.time()
-        out = []
-        for i, digest in enumerate(digests):
+        found: dict[str, StoredBlob] = {}
+        for i, (name, spread) in enumerate(heads):
+            digest = name[name.rindex("{") + 1:-1]
             size, start, idle = replies[3 * i:3 * i + 3]
             if not HEX64.match(digest) or not isinstance(size, int):
                 continue
-            chunked = codec.parse_chunked(start if isinstance(start, bytes) else None)
-            if chunked is not None:
-                size += chunked.total
-            out.append(StoredBlob(digest, size, self._last_used(idle, now)))
-        return out
+            parts = codec.parse_chunked(start if isinstance(start, bytes) else None, spread=spread)
+            if parts is not None:
+                size += parts.total
+            blob = StoredBlob(digest, size, self._last_used(idle, now))
+            other = found.get(digest)
+            if other is not None:
+                used = [t for t in (other.last_used, blob.last_used) if t is not None]
+                blob = StoredBlob(digest, other.stored_bytes + size, max(used) if used else None)
+            found[digest] = blob
+        return [found[d] for d in sorted(found)]
 
     def list_refs(self) -> list[StoredRef]:
         """Every ref (garbled ones too) with now minus its idle time (a hit reads it, so this is its LRU clock).
@@ -94,8 +101,8 @@ class UpkeepMixin:
         return out
 
     def check_blob(self, digest: str) -> tuple[int | None, str | None]:
-        """Read blob ``digest`` (head and chunks) and re-hash it without dropping anything:
-        ``(uncompressed bytes, None)`` or ``(None, why)``.
+        """Read blob ``digest`` (its ``P:blob:`` head, else its spread one, and the chunks or pieces) and re-hash it
+        without dropping anything: ``(uncompressed bytes, None)`` or ``(None, why)``.
 
         Raises:
             ValueError: ``digest`` is not 64 lowercase hex characters.
@@ -105,39 +112,45 @@ class UpkeepMixin:
         with self._talk(f"checking blob {check_name(digest)[:12]}"):
             pipe = self.client.pipeline(transaction=False)
             pipe.getrange(self._head_key(digest), 0, limit)
-            head = execute(pipe)[0]
-        if head is WRONG_TYPE:
+            pipe.getrange(self._spread_key(digest), 0, codec.CHUNKED_HEAD_BYTES)
+            head, spread_head = execute(pipe)
+        if head is WRONG_TYPE or spread_head is WRONG_TYPE:
             return None, "a key of another type, not a blob"
-        if not head:
+        if not head and not spread_head:
             return None, "missing"
         try:
-            if len(head) > limit:
+            if head and len(head) > limit:
                 raise InputLimitError(f"its head is longer than {limit} bytes")
-            if codec.head_kind(head) in (codec.INLINE_ZSTD, codec.INLINE_RAW):
+            if head and codec.head_kind(head) in (codec.INLINE_ZSTD, codec.INLINE_RAW):
                 data, why = codec.decode_inline(digest, head, MAX_BLOB_BYTES)
             else:
-                chunked = codec.parse_chunked(head)
-                if chunked is None:
+                parts = codec.parse_chunked(head) if head else codec.parse_chunked(spread_head, spread=True)
+                if parts is None:
                     return None, "garbled head"
-                data, why = codec.read_chunked(digest, chunked, lambda indices, n: self._fetch_chunks(
-                    digest, indices, n, False), MAX_BLOB_BYTES)
+                data, why = codec.read_chunked(digest, parts, lambda indices, n: self._fetch_chunks(
+                    digest, parts, indices, n, False), MAX_BLOB_BYTES)
         except InputLimitError as err:
             return None, f"larger than any blob ({err})"
         return (len(data), None) if data is not None else (None, why)
 
     def drop_blob(self, blob: StoredBlob) -> bool:
-        """Delete a blob's head and chunks (Redis cannot tell whether a writer re-put it since it was listed).
+        """Delete a blob's heads and their chunks or pieces (Redis cannot tell whether a writer re-put it since it
+        was listed).
 
         Raises:
             CacheReadOnlyError: the cache is read-only.
             CacheUnavailableError: Redis cannot be reached.
         """
-        head_key = self._head_key(check_name(blob.digest))
-        with self._talk(f"deleting blob {blob.digest[:12]}", write=True):
-            start = self.client.getrange(head_key, 0, codec.CHUNKED_HEAD_BYTES - 1)
-            chunked = codec.parse_chunked(start if isinstance(start, bytes) else None)  # None when garbled
-            deleted = bool(self.client.delete(head_key))
-            self._each_chunk(blob.digest, chunked.count if chunked else 0, lambda pipe, k: pipe.delete(k))
+        digest = check_name(blob.digest)
+        keys = (self._head_key(digest), self._spread_key(digest))
+        with self._talk(f"deleting blob {digest[:12]}", write=True):
+            pipe = self.client.pipeline(transaction=False)
+            for key in keys:
+                pipe.getrange(key, 0, codec.CHUNKED_HEAD_BYTES - 1)
+            starts = [s if isinstance(s, bytes) else None for s in execute(pipe)]
+            deleted = bool(self.client.delete(*keys))  # one hash tag, one slot
+            for start, spread in zip(starts, (False, True)):  # a garbled head names no parts
+                self._each_part(digest, codec.parse_chunked(start, spread=spread), lambda pipe, k: pipe.delete(k))
             return deleted
 
     def drop_ref(self, ref: StoredRef) -> bool:

@@ -63,6 +63,7 @@ URL_OPTIONS: dict[str, Callable[[str, str], object]] = {
     "replica_reads": parse_bool,
     "retry_s": functools.partial(parse_seconds, most=TIMEOUT_S),
     "nodes": parse_nodes,
+    "spread": parse_bool,
 }
 #: redis-py's own numeric URL options, checked here the same way and passed on as given (a socket timeout of
 #: 1e306 overflowed a timeval in redis-py).
@@ -79,7 +80,7 @@ REDIS_PY_NUMBERS: dict[str, Callable[[str, str], object]] = {
 #: URL option -> keyword argument of ``RedisCache.__init__``.
 _KWARGS = {"prefix": "prefix", "ttl": "ttl_s", "chunk_size": "chunk_bytes", "read_only": "read_only",
            "level": "level", "lease_ttl": "lease_ttl_s", "wait": "wait_s", "down_s": "down_s",
-           "counters": "counters", "retry_s": "retry_s"}
+           "counters": "counters", "retry_s": "retry_s", "spread": "spread"}
 
 #: Nodes of each Redis Cluster this process has seen (``host:port`` of the URL -> every node's ``(host, port)``),
 #: tried after the URL's own node when a cluster client is opened: a cache opened after the URL's node died (a
@@ -95,9 +96,9 @@ def open_client(url: str) -> tuple[Any, str, dict[str, Any]]:
 
     Returns:
         ``(client, url without the password, {RedisCache keyword: value})`` for the options the URL gives; for a
-        cluster with ``replica_reads`` (on unless ``replica_reads=0``), ``replica_client``: a function that opens a
-        second cluster client whose reads go to a random node of the slot, its master or one of its replicas
-        (READONLY connections; see :mod:`cache_backends.redis.replicas`).  ``retry_s`` is always given.
+        cluster, ``replica_reads`` (on unless ``replica_reads=0``): the client's connections then send ``READONLY``
+        as they open, so that the cache may send a blob read to any node of its slot
+        (:mod:`cache_backends.redis.replicas`).  ``retry_s`` is always given.
 
     Raises:
         CacheURLError: the scheme is not a Redis one, an option is unknown, repeated, malformed or out of its
@@ -155,9 +156,8 @@ def open_client(url: str) -> tuple[Any, str, dict[str, Any]]:
                 raise CacheURLError(f"cluster=1 needs a redis:// or rediss:// URL, got {redact(url)!r}")
             if parts.path.strip("/") not in ("", "0"):
                 raise CacheURLError(f"a Redis Cluster has only database 0, got {redact(url)!r}")
-            client = _cluster_client(redis_url, kwargs, seeds=seeds)
-            if replica_reads is not False:
-                ours["replica_client"] = lambda: _cluster_client(redis_url, kwargs, replicas=True, seeds=seeds)
+            ours["replica_reads"] = replica_reads is not False
+            client = _cluster_client(redis_url, kwargs, replicas=bool(ours["replica_reads"]), seeds=seeds)
         else:
             # one quick retry for a reset connection (a server restarted, an idle connection closed); never for a
             # timeout: a stalled server must cost one timeout, not two (redis-py retries timeouts by default)
@@ -174,8 +174,9 @@ def open_client(url: str) -> tuple[Any, str, dict[str, Any]]:
 
 def _cluster_client(redis_url: str, kwargs: dict[str, Any], replicas: bool = False,
                     seeds: tuple[tuple[str, int], ...] = ()) -> Any:
-    """A ``RedisCluster`` for ``redis_url``; with ``replicas``, reads (GET, GETRANGE...) go to a random node of the
-    key's slot, its master or a replica, over READONLY connections, and writes to its master.  The slot map is
+    """A ``RedisCluster`` for ``redis_url``, routing every command to the master of its key's slot; with
+    ``replicas``, its connections send ``READONLY`` as they open, so that a read sent to a replica
+    (``target_nodes``) is served there.  The slot map is
     asked of the URL's node or any of ``seeds`` (the URL's ``nodes=``), whichever answers; when none can be
     reached (a master killed, its replica promoted), the other nodes of that cluster this process has seen are
     tried.
@@ -184,13 +185,13 @@ def _cluster_client(redis_url: str, kwargs: dict[str, Any], replicas: bool = Fal
         redis.exceptions.RedisClusterException, ConnectionError...: no node answers.
     """
     from redis.backoff import NoBackoff
-    from redis.cluster import ClusterNode, LoadBalancingStrategy
+    from redis.cluster import ClusterNode
     from redis.retry import Retry
 
-    RedisCluster = _spread_cluster_class()
+    RedisCluster = _spread_cluster_class(readonly=replicas)
     parts = urlsplit(redis_url)
     where = f"{parts.hostname}:{parts.port or 6379}"
-    extra: dict[str, Any] = {"load_balancing_strategy": LoadBalancingStrategy.RANDOM} if replicas else {}
+    extra: dict[str, Any] = {}
     # While it is built the client may retry: its COMMAND goes to a random node (see _spread_cluster_class), and one
     # that is down (a master killed, not yet failed over) must not fail the open, so another is asked.  Once built,
     # none: redis-py retries every ERRORS_ALLOW_RETRY (timeouts too, whatever supported_errors says) and reloads
@@ -215,20 +216,51 @@ def _cluster_client(redis_url: str, kwargs: dict[str, Any], replicas: bool = Fal
 
 
 @functools.cache
-def _spread_cluster_class() -> type:
-    """redis-py's ``RedisCluster`` with its start-up ``COMMAND`` sent to a random node instead of its default node.
+def _spread_cluster_class(readonly: bool = False) -> type:
+    """redis-py's ``RedisCluster`` with its start-up ``COMMAND`` sent to a random node instead of its default node;
+    with ``readonly``, every connection it opens sends ``READONLY`` first (see :func:`_cluster_client`).
 
     Every cluster client asks ``COMMAND`` once as it is built (redis-py's ``CommandsParser``, to learn where each
     command's keys are): about 90 KB of reply, sent by redis-py's default node, the first master of the slot map,
-    the same node for every worker.  A storm of N workers (two clients each with replica reads) then pulls 180 KB x
-    N from that one node, the busiest by far when artifacts are small (docs/fleet.md).  ``COMMAND`` reads nothing
-    stored, so any node answers it the same; a random one spreads the load.  Subclassing for a class attribute is
-    redis-py's own pattern (``COMMAND_FLAGS`` is read per instance, ``self.__class__.COMMAND_FLAGS.copy()``).
+    the same node for every worker.  A storm of N workers then pulls 90 KB x N (twice that when each worker had a
+    second client for its replica reads) from that one node, the busiest by far when artifacts are small
+    (docs/fleet.md).  ``COMMAND`` reads nothing stored, so any node answers it the same; a random one of all the
+    nodes, replicas too, spreads the load (redis-py sends a ``RANDOM`` command to a random master: that would leave
+    the masters ~90 KB a worker busier than their replicas).  Subclassing for a class attribute is redis-py's own
+    pattern (``COMMAND_FLAGS`` is read per instance, ``self.__class__.COMMAND_FLAGS.copy()``).
+
+    ``READONLY`` lets a replica serve reads of its slots to this connection and changes nothing on a master (writes
+    included), so one client's connections serve the replica pass and everything else.  redis-py sends it itself
+    only when its own load balancing routes reads to replicas, which would also send refs and lease reads there
+    (a lagging replica would make a stored ref look missing).  A server that refuses it (an ACL without
+    ``READONLY``) leaves the connection as it was, and the client's ``readonly_refused`` says why: the cache then
+    reads from the masters only.
     """
     from redis.cluster import RedisCluster
+    from redis.exceptions import ResponseError
+    from redis.utils import str_if_bytes
 
     class SpreadRedisCluster(RedisCluster):
         COMMAND_FLAGS = {**RedisCluster.COMMAND_FLAGS, "COMMAND": RedisCluster.RANDOM}
+        readonly_refused = ""
+
+        def get_random_primary_or_all_nodes(self, command_name: Any) -> Any:
+            # a RANDOM command goes to a random master; COMMAND to any node, replicas too
+            if str(command_name).upper() == "COMMAND":
+                return self.get_random_node()
+            return super().get_random_primary_or_all_nodes(command_name)
+
+        if readonly:
+            def on_connect(self, connection: Any) -> None:
+                super().on_connect(connection)
+                connection.send_command("READONLY")
+                try:
+                    reply = connection.read_response()
+                except ResponseError as err:  # NOPERM: reads from the masters only
+                    self.readonly_refused = str(err)[:200]
+                    return
+                if str_if_bytes(reply) != "OK":
+                    raise rex.ConnectionError(f"READONLY answered {reply!r}")
 
     return SpreadRedisCluster
 

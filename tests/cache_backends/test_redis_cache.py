@@ -268,9 +268,11 @@ def test_blob_larger_than_redis_string_limit(redis_server):
 
 
 # --------------------------------------------------------------------------------------------- cluster
-def test_cluster_keeps_each_blob_on_one_slot(redis_cluster):
-    cache = open_cache(redis_cluster.url(chunk_size=512, prefix="slots"))
-    assert cache.cluster
+def test_cluster_keeps_each_chunked_blob_on_one_slot(redis_cluster):
+    """With ``spread=0`` (the chunked layout) a blob's head and chunks share one slot; the spread layout, the default
+    on a cluster, is test_redis_spread.py's."""
+    cache = open_cache(redis_cluster.url(chunk_size=512, prefix="slots", spread=0))
+    assert cache.cluster and not cache.spread
     blobs = [os.urandom(3000) for _ in range(12)]
     digests = [cache.put_blob(b) for b in blobs]
     for i, d in enumerate(digests):
@@ -279,6 +281,7 @@ def test_cluster_keeps_each_blob_on_one_slot(redis_cluster):
     nodes = set()
     for d in digests:
         keys = [f"slots:blob:{{{d}}}"] + [f"slots:blob:{{{d}}}:{i}" for i in range(6)]
+        assert all(client.exists(k) for k in keys) and not client.exists(f"slots:spread:{{{d}}}")
         slots = {client.keyslot(k) for k in keys}
         assert len(slots) == 1, f"blob {d[:12]} spans slots {slots}"
         nodes.add(client.get_node_from_key(keys[0]).name)

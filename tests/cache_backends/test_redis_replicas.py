@@ -118,5 +118,55 @@ def test_cluster_clients_ask_command_of_random_nodes_not_all_of_one(redis_cluste
     asked = {n.port: command_calls(n) - before[n.port] for n in redis_cluster.alive()}
     assert sum(asked.values()) >= 12 and sum(1 for v in asked.values() if v) >= 2, asked
     assert max(asked.values()) < sum(asked.values()) * 0.75, asked
+    masters = {n.port for n in redis_cluster.masters_now()}  # replicas too (2**-12 odds none is asked)
+    assert sum(v for port, v in asked.items() if port not in masters) > 0, asked
     for cache in caches:
         cache.close()
+
+
+def test_a_worker_holds_one_connection_a_node_and_asks_command_once(redis_cluster):
+    """A cache reading from masters and replicas does it through one cluster client: at most one connection to each
+    node, one ``COMMAND`` (~90 KB) as it starts.  (A second client for the replicas cost every worker 3 more
+    connections and a second ``COMMAND``: docs/fleet.md, "The capacity model".)"""
+    prefix = unique_prefix()
+    writer = open_cache(redis_cluster.url(prefix=prefix, chunk_size="8KiB"))
+    digests = [writer.put_blob(os.urandom(20_000)) for _ in range(24)]  # chunks on slots of every master
+    writer.close()
+
+    def command_calls() -> int:
+        return sum(int(n.client().info("commandstats").get("cmdstat_command", {}).get("calls", 0))
+                   for n in redis_cluster.alive())
+
+    before = command_calls()
+    name = "w" + prefix
+    worker = open_cache(redis_cluster.url(prefix=prefix, read_only=1, client_name=name))
+    for _ in range(4):  # a random node of each slot every time: every node is read (2**-96 odds one is not)
+        assert MISS not in worker.get_blobs(digests).values()
+    assert worker.counters()["replica_hits"] > 0
+    held = {n.port: sum(1 for c in n.client().client_list() if c.get("name") == name) for n in redis_cluster.alive()}
+    assert all(held.values()) and max(held.values()) == 1, held
+    assert command_calls() - before == 1
+    worker.close()
+
+
+def test_a_user_that_may_not_send_readonly_reads_from_the_masters(redis_cluster, caplog):
+    prefix = unique_prefix()
+    nodes = redis_cluster.alive()
+    for n in nodes:  # ACLs are per node
+        n.client().execute_command("ACL", "SETUSER", prefix, "on", ">pw", "~*", "+@all", "-readonly")
+    try:
+        writer = open_cache(redis_cluster.url(prefix=prefix))
+        blobs = [os.urandom(3000) for _ in range(12)]
+        digests = [writer.put_blob(b) for b in blobs]
+        url = redis_cluster.url(prefix=prefix, read_only=1).replace("redis://", f"redis://{prefix}:pw@")
+        worker = open_cache(url)
+        with caplog.at_level("WARNING", logger="precompile.cache"):
+            assert worker.get_blobs(digests) == dict(zip(digests, blobs))
+        assert worker.counters().get("errors", 0) == 0 and worker.counters()["replica_fallbacks"] == 12
+        assert any("reading from the masters" in r.getMessage() and "'readonly'" in r.getMessage()
+                   for r in caplog.records), [r.getMessage() for r in caplog.records]
+        worker.close()
+        writer.close()
+    finally:
+        for n in nodes:
+            n.client().execute_command("ACL", "DELUSER", prefix)

@@ -123,3 +123,97 @@ def summary_line(result: dict) -> dict:
     if tiered and tiered.get("near_counters", {}).get("remote_bytes") is not None and tiered["artifact_bytes"]:
         line["downloads_per_host"] = round(tiered["near_counters"]["remote_bytes"] / tiered["artifact_bytes"], 2)
     return line
+
+
+# ------------------------------------------------------------------------------------------ fetch-only storms
+def _fetch_over_lone(result: dict, storm: dict) -> float | None:
+    lone = result["lone"].get(f"{storm['target']}/{storm['artifacts']}", {}).get("seconds")
+    return storm["p99"] / lone if lone and storm["p99"] is not None else None
+
+
+def print_fetch_tables(result: dict) -> None:
+    """The fetch-only storms: per target and artifact set a row per N, then bytes and peak connections per node."""
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console(width=220)
+    for name, d in result["sets"].items():
+        con.print(f"artifact set {name}: {d['artifacts']} artifacts, {d['load_blobs']} blobs a load reads; a worker "
+                  f"reads {d['read_bytes'] / 1e6:.2f} MB ({d['stored_bytes'] / 1e6:.2f} MB as stored)")
+    groups = sorted({(s["target"], s["artifacts"]) for s in result["storms"]})
+    for target, name in groups:
+        storms = [s for s in result["storms"] if (s["target"], s["artifacts"]) == (target, name)]
+        lone = result["lone"][f"{target}/{name}"]
+        t = Table(title=f"fetch-only, {target}, {name} artifacts, {result['cpus']} CPUs, {result['procs']} client "
+                        f"processes (lone client {lone['seconds']:.3f} s; replica reads "
+                        f"{'on' if result['replica_reads'] and target == 'cluster' else 'off'}; signed "
+                        f"{'yes' if result['signed'] else 'no'})")
+        for col in ("N", "p50 s", "p99 s", "max s", "p99/lone", "CPU floor s", "p99/floor", "open p50 s", "hits", "builds", "errors", "timeouts",
+                    "breakers", "MB served", "max node share", "peak conns/node", "conns/client", "Redis CPU s",
+                    "CPU s/GB", "client CPU s", "client RSS MiB", "wall s"):
+            t.add_column(col, justify="right")
+        for s in storms:
+            t.add_row(str(s["workers"]), _fmt(s["p50"], ".3f"), _fmt(s["p99"], ".3f"), _fmt(s["max"], ".3f"),
+                      _fmt(_fetch_over_lone(result, s)), _fmt(s["cpu_floor_s"]),
+                      _fmt(s["p99"] / s["cpu_floor_s"] if s["p99"] and s["cpu_floor_s"] else None),
+                      _fmt(s["open_p50"], ".3f"), str(s["outcomes"].get("hit", 0)),
+                      str(s["builds"]), str(s["errors"]), str(s["timeouts"]), str(s["breakers_tripped"]),
+                      f"{s['served_bytes'] / 1e6:,.1f}", _fmt(node_share(s)), str(s["peak_connections_per_node"]),
+                      _fmt(s["peak_connections"] / s["workers"], ".1f"), _fmt(s["redis_cpu_s"]),
+                      _fmt(s["redis_cpu_s_per_gb"], ".1f"), _fmt(s["client_cpu_s"], ".1f"), _fmt(s["client_rss_mib"], ",.0f"),
+                      _fmt(s["wall_s"], ".1f"))
+        con.print(t)
+        if target == "cluster":
+            _fetch_node_table(con, storms, f"cluster, {name} artifacts: MB served / peak connections per node")
+        for s in storms:
+            for e in ([s["aborted"]] if s.get("aborted") else []) + s["error_samples"]:
+                con.print(f"  {s['label']}: {e}")
+    con.print(f"1-minute load average {result['loadavg_start']:.2f} at start, {result['loadavg_end']:.2f} at end; "
+              f"{result['seconds']:.0f} s in all")
+
+
+def _fetch_node_table(con, storms: list[dict], title: str) -> None:
+    from rich.table import Table
+
+    names = list(dict.fromkeys(v for s in storms for v in s["node_names"].values()))
+    t = Table(title=title)
+    for col in ("N", *names):
+        t.add_column(col, justify="right")
+    for s in storms:
+        by_name = {s["node_names"][p]: d for p, d in s["nodes"].items() if p in s["node_names"]}
+        t.add_row(str(s["workers"]), *(f"{by_name[m]['served_bytes'] / 1e6:,.1f} / {by_name[m]['peak_clients']}"
+                                       if m in by_name else "" for m in names))
+    con.print(t)
+
+
+def fetch_summary_line(result: dict) -> dict:
+    """The last line's JSON: the largest N on the cluster (else the single server); each field the worst over the
+    artifact sets, and each set's own under ``by_artifacts``."""
+    storms = result["storms"]
+    if not storms:
+        return {"workers": 0, "errors": None, "builds": None}
+    kind = "cluster" if any(s["target"] == "cluster" for s in storms) else "redis"
+    n = max(s["workers"] for s in storms if s["target"] == kind)
+    by = {}
+    for s in (s for s in storms if s["target"] == kind and s["workers"] == n):
+        over, share = _fetch_over_lone(result, s), node_share(s)
+        by[s["artifacts"]] = {"errors": s["errors"], "builds": s["builds"], "timeouts": s["timeouts"],
+                              "breaker_trips": s["breakers_tripped"],
+                              "p99_over_lone": round(over, 2) if over is not None else None,
+                              "max_node_share": round(share, 3) if share is not None else None,
+                              "peak_connections_per_node": s["peak_connections_per_node"],
+                              "p99_s": round(s["p99"], 3) if s["p99"] is not None else None,
+                              "cpu_floor_s": round(s["cpu_floor_s"], 3),
+                              "served_bytes": s["served_bytes"], "verified_bytes": s["verified_bytes"],
+                              "redis_cpu_s_per_gb": round(s["redis_cpu_s_per_gb"], 2)
+                              if s["redis_cpu_s_per_gb"] is not None else None}
+
+    def worst(field: str, combine=max):
+        values = [v[field] for v in by.values() if v[field] is not None]
+        return combine(values) if values else None
+
+    return {"workers": n, "errors": worst("errors", sum), "builds": worst("builds", sum),
+            "p99_over_lone": worst("p99_over_lone"), "max_node_share": worst("max_node_share"),
+            "peak_connections_per_node": worst("peak_connections_per_node"), "timeouts": worst("timeouts", sum),
+            "breaker_trips": worst("breaker_trips", sum), "target": kind, "replica_reads": result["replica_reads"],
+            "by_artifacts": by}

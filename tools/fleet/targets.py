@@ -164,6 +164,25 @@ class Target:
                 raise RuntimeError(f"cluster not ok after {timeout:.0f} s")
             time.sleep(0.1)
 
+    def node_names(self) -> dict[str, str]:
+        """Port -> a short name by the role each node had at the start: m0.. for masters, r0.. for replicas (one
+        server: ``redis``)."""
+        if self.kind != "cluster":
+            return {str(self.nodes[0].port): "redis"}
+        names, counts = {}, {"master": 0, "replica": 0}
+        for n in self.nodes:
+            role = "master" if n.port in self.first_masters else "replica"
+            names[str(n.port)] = f"{role[0]}{counts[role]}"
+            counts[role] += 1
+        return names
+
+    def serving(self, replica_reads: bool) -> list[str]:
+        """The ports of the nodes that serve reads: every master (at the start), and every replica with replica
+        reads."""
+        if self.kind != "cluster":
+            return [str(self.nodes[0].port)]
+        return [str(n.port) for n in self.nodes if replica_reads or n.port in self.first_masters]
+
     def close(self) -> None:
         for n in self.nodes:
             n.close()
