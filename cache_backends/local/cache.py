@@ -50,7 +50,7 @@ from cache_backends.base import (
     digest_bytes,
 )
 from cache_backends.bounded import MAX_REF_BYTES, open_regular
-from cache_backends.local.counters import STATS_LOCK_TIMEOUT_S, LocalCountersMixin  # noqa: F401
+from cache_backends.local.counters import EXIT_LOCK_WAIT_S, LocalCountersMixin  # noqa: F401
 from cache_backends.local.fetch import DEFAULT_FETCH_WAIT_S, LocalFetchMixin
 from cache_backends.local.files import SUSPECT, READ_ONLY_ERRNOS, LocalFilesMixin, drop_ident, lstat_or_none
 from cache_backends.local.heal import heal
@@ -388,7 +388,8 @@ class LocalCache(LocalUpkeepMixin, LocalCountersMixin, LocalFilesMixin, LocalFet
         return out
 
     def close(self) -> None:
-        """Try once more to persist counters kept in memory; nothing else to release.  Never raises."""
-        if self._pending and not self._configured_read_only:
-            self.incr()
+        """Try once more to persist counters kept in memory (waiting at most
+        :data:`~cache_backends.local.counters.EXIT_LOCK_WAIT_S` for the stats lock); nothing else to release.
+        Never raises."""
+        self.close_counters()
 
