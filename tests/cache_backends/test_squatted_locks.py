@@ -98,3 +98,23 @@ def test_counts_kept_while_the_lock_was_held_are_persisted_at_exit(tmp_path):
     assert worker.returncode == 0
     assert stored_counts(tmp_path)["hits"] == 6 and stored_counts(tmp_path)["misses"] == 2
 
+
+# ------------------------------------------------------------------------------------------------ fetch locks
+def test_held_fetch_locks_cost_a_near_miss_the_short_wait_said_once(tmp_path, redis_server, caplog):
+    """Each near miss waits the default ``fetch_wait`` (1 s in all), then fetches the blob itself, right; the wait
+    is a warning the first time in the process, a debug line after."""
+    remote = open_cache(redis_server.url())
+    blobs = {remote.put_blob(os.urandom(3000)): None for _ in range(2)}
+    blobs = {d: remote.get_blob(d) for d in blobs}
+    near = tmp_path / "near"
+    LocalCache(near)
+    locks = [near / "locks" / "fetch" / f"{d[:3]}.lock" for d in blobs]
+    with Holder(*locks):
+        with caplog.at_level(logging.DEBUG, logger="precompile.cache"):
+            for d, data in blobs.items():
+                cache = open_cache(f"file://{near}|{redis_server.url()}")  # a fresh cache per call, as callers do
+                assert cache.get_blob(d) == data
+        said = [r for r in caplog.records if "fetching them here as well" in r.getMessage()]
+        assert [r.levelno for r in said] == [logging.WARNING, logging.DEBUG], said
+    assert LocalCache(near).counters()["remote_blobs"] == 2
+    assert all(LocalCache(near).get_blob(d) == data for d, data in blobs.items())  # backfilled
