@@ -14,6 +14,7 @@ from precompile.artifact.manifest import Manifest, ManifestJSON, load_json
 from precompile.errors import ArtifactFormatError, ArtifactNotFoundError, CacheError, UnsafePathError
 from precompile.loader.engine import start_primer
 from precompile.metrics import safe_incr, warn_once
+from precompile.store import refusals
 
 if TYPE_CHECKING:  # pragma: no cover
     from precompile.loader.artifact import Artifact
@@ -37,7 +38,9 @@ def load_from_cache(key: str, cache: str | Cache | None, *, bound: dict[int, tor
     verified and bounded the same way, when used).  Nothing read is run
     here.  A ref whose manifest or blobs are verified missing or corrupt is a miss: the ref is dropped so the next
     build replaces it.  Cache failures (a server down or stalled) are misses too, logged once, counted under
-    ``errors``, and never drop anything.
+    ``errors``, and never drop anything.  An entry refused for what its manifest holds (its signature, its form,
+    host code) is remembered, and a later lookup of the same ref is a miss without reading it again
+    (:mod:`precompile.store.refusals`).
 
     Raises:
         EnvironmentMismatchError: only if ``check_env`` and the stored manifest's key fields differ from here
@@ -49,6 +52,7 @@ def load_from_cache(key: str, cache: str | Cache | None, *, bound: dict[int, tor
 
     c = open_cache(cache)
     policy = trust.policy(c)
+    ctx = refusals.context(c, policy)
     digest: str | None = None  # the manifest's, once read: a drop deletes only a ref that still names it
     try:
         read = read_manifest_doc(c, key, policy, "cache entry")
@@ -56,10 +60,13 @@ def load_from_cache(key: str, cache: str | Cache | None, *, bound: dict[int, tor
             return None
         digest, doc = read
         manifest = Manifest.from_dict(doc)
+        del doc
         if manifest.key != key:
+            refusals.remember(key, digest, ctx, "its manifest names another key", "damaged")
             drop_ref(c, key, f"its manifest names another key {manifest.key[:12]}", digest=digest)
             return None
         if config.require_no_host_code() and not manifest.parts.get("wrapper_graph"):
+            refusals.remember(key, digest, ctx, "it carries host code", "host_code")
             log.info("cache entry %s carries host code (%s) and PRECOMPILE_REQUIRE_NO_HOST_CODE is set: a miss",
                      key[:12], manifest.build.get("host_code") or "a Python wrapper")
             safe_incr(c, host_code_refused=1)
@@ -79,12 +86,18 @@ def load_from_cache(key: str, cache: str | Cache | None, *, bound: dict[int, tor
             drop_ref(c, key, f"{len(lost)} of its parts are missing or corrupt", digest=digest)
             return None
     except UnsafePathError as err:  # planted or garbled: never used, counted with the refused entries
+        refusals.remember(key, digest, ctx, str(err))
         refused_unsafe(c, "cache entry", key, err)
         return None
-    except (CacheError, ArtifactFormatError) as err:
+    except CacheError as err:  # an outage: nothing is remembered
+        read_failed(c, "artifact", key, err)
+        return None
+    except ArtifactFormatError as err:
+        refusals.remember(key, digest, ctx, str(err), "damaged")
         read_failed(c, "artifact", key, err)
         return None
     except (KeyError, TypeError, AttributeError, ValueError, IndexError) as err:  # a shape the checks let through
+        refusals.remember(key, digest, ctx, "its manifest is malformed", "damaged")
         drop_ref(c, key, f"its manifest is malformed ({type(err).__name__}: {str(err)[:200]})", digest=digest)
         return None
     from precompile.key.fingerprint import check_environment
@@ -106,9 +119,11 @@ def load_from_cache(key: str, cache: str | Cache | None, *, bound: dict[int, tor
         art.primer = primer
         return art
     except ArtifactFormatError as err:  # a manifest whose digests check but whose specs or guards do not parse
+        refusals.remember(key, digest, ctx, str(err), "damaged")
         drop_ref(c, key, str(err), digest=digest)
         return None
     except (KeyError, TypeError, AttributeError, ValueError, IndexError) as err:
+        refusals.remember(key, digest, ctx, "its manifest is malformed", "damaged")
         drop_ref(c, key, f"its manifest is malformed ({type(err).__name__}: {str(err)[:200]})", digest=digest)
         return None
 
@@ -125,8 +140,9 @@ def read_manifest_doc(cache: Cache, key: str, policy: Any, what: str, *,
     accepts, or None on a miss:
     no ref (counted ``absent``), a manifest blob missing, corrupt or over ``max_bytes`` bytes (default
     :data:`~cache_backends.bounded.MAX_MANIFEST_BYTES`: refused by the backend before it is allocated, counted
-    ``over_limit``; the ref dropped, :func:`drop_ref`), or a signature the policy refuses (counted ``untrusted``,
-    the ref left alone).  The JSON is parsed with a depth bound (:func:`~precompile.artifact.manifest.load_json`).
+    ``over_limit``; the ref dropped, :func:`drop_ref`), a signature the policy refuses (counted ``untrusted``,
+    the ref left alone), or a manifest this process refused before (:mod:`precompile.store.refusals`: not read
+    again, nothing counted again).  The JSON is parsed with a depth bound (:func:`~precompile.artifact.manifest.load_json`).
     The first steps of every read of a cache entry (graph artifact, whole function, record); the caller checks the
     structure next.  ``what`` names the entry in messages (``"cache entry"``, ``"record"``...).
 
@@ -141,13 +157,27 @@ def read_manifest_doc(cache: Cache, key: str, policy: Any, what: str, *,
     if digest is MISS:
         metrics.note_miss("absent")
         return None
+    ctx = refusals.context(cache, policy)
+    earlier = refusals.recall(key, digest, ctx)
+    if earlier is not None:  # refused before: the same bytes, refused again, without reading them again
+        log.debug("%s %s in %s was refused earlier in this process (%s); a miss", what, key[:12], cache.url,
+                  earlier[0])
+        if earlier[1] is not None:
+            metrics.note_miss(earlier[1])
+        return None
     raw = cache.get_blob(digest, max_bytes)
     if raw is MISS:
         drop_ref(cache, key, f"its manifest blob is missing, corrupt or over {max_bytes} bytes", what, digest=digest)
         return None
-    doc = load_json(raw)
+    try:
+        doc = load_json(raw)
+    except ArtifactFormatError as err:
+        refusals.remember(key, digest, ctx, str(err), "damaged")
+        raise
+    del raw
     verdict = policy.check(doc)
     if not verdict.ok:
+        refusals.remember(key, digest, ctx, verdict.detail)
         safe_incr(cache, **trust.note_refused(verdict, f"{what} {key[:12]} in {cache.url}"))
         return None
     return digest, doc
