@@ -12,7 +12,7 @@ from cache_backends.bounded import MAX_MANIFEST_BYTES
 from precompile import config, metrics
 from precompile.artifact.manifest import Manifest, ManifestJSON, load_json
 from precompile.errors import ArtifactFormatError, ArtifactNotFoundError, CacheError, UnsafePathError
-from precompile.loader.engine import start_primer
+from precompile.loader.engine import graph_part_bounds, start_primer
 from precompile.metrics import safe_incr, warn_once
 from precompile.store import refusals
 
@@ -33,7 +33,9 @@ def load_from_cache(key: str, cache: str | Cache | None, *, bound: dict[int, tor
     signature when verify keys are configured
     (:func:`precompile.artifact.trust.policy`: an unsigned or badly signed entry is a miss, logged and counted under
     ``untrusted`` and ``untrusted_<reason>``, its ref left alone), then its structure and every name in it
-    (:mod:`precompile.artifact.names`), then reads the blobs a load needs (engine payload, binaries), all verified by
+    (:mod:`precompile.artifact.names`), then reads the blobs a load needs (engine payload, binaries; under
+    ``PRECOMPILE_REQUIRE_NO_HOST_CODE`` only the wrapper graph and its launch blobs, each within the graph engine's
+    own bound: :func:`~precompile.loader.engine.graph_part_bounds`), all verified by
     the backend and none larger than the manifest records, and checks that the other parts exist (they are read,
     verified and bounded the same way, when used).  Nothing read is run
     here.  A ref whose manifest or blobs are verified missing or corrupt is a miss: the ref is dropped so the next
@@ -72,11 +74,17 @@ def load_from_cache(key: str, cache: str | Cache | None, *, bound: dict[int, tor
             safe_incr(c, host_code_refused=1)
             metrics.note_miss("host_code")
             return None
+        no_host_code = config.require_no_host_code()
         # the replay, where asked for, runs while the blobs are read and checked (never for the graph engine)
-        primer = None if config.require_no_host_code() else start_primer(manifest)
-        needed = manifest.load_digests()
+        primer = None if no_host_code else start_primer(manifest)
         sizes = part_bounds(manifest)
-        got = c.get_blobs(needed, sizes)  # a part larger than its manifest records is refused unread: a miss
+        if no_host_code:  # the graph engine reads its graph and launch blobs, within its own bounds; nothing else
+            graph_parts = graph_part_bounds(manifest)
+            sizes.update(graph_parts)
+            needed = list(graph_parts)
+        else:
+            needed = manifest.load_digests()
+        got = c.get_blobs(needed, sizes)  # a part larger than its bound is refused before it is allocated: a miss
         lost = [d for d, v in got.items() if v is MISS]
         # parts a load does not read (sources, graph, wrappers) are read lazily; they must at least exist, or an
         # entry whose part was found corrupt (and dropped) on a lazy read would be served forever, never whole
