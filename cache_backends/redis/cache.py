@@ -62,7 +62,7 @@ from cache_backends.bounded import MAX_REF_BYTES
 from cache_backends.redis.blobs import WRONG_TYPE, BlobsMixin, execute
 from cache_backends.redis.counters import CountersMixin
 from cache_backends.redis.failover import FailoverPending, current_deadline, is_failover, retrying
-from cache_backends.redis.health import Breaker, CounterSink, server_key
+from cache_backends.redis.health import DEFAULT_DOWN_S, Breaker, CounterSink, server_key
 from cache_backends.redis.leases import ACQUIRE_LUA, RELEASE_LUA, RENEW_LUA, LeasesMixin
 from cache_backends.redis.replicas import ReplicasMixin
 from cache_backends.redis.upkeep import UpkeepMixin
@@ -79,8 +79,6 @@ log = logging.getLogger("precompile.cache")
 DEFAULT_CHUNK_BYTES = 4 << 20
 #: Default seconds a build lease lives unless renewed (renewed every third of it while the build runs).
 DEFAULT_LEASE_TTL_S = 30.0
-#: Default seconds the cache fails fast after the server was found unavailable.
-DEFAULT_DOWN_S = 10.0
 class RedisCache(ReplicasMixin, BlobsMixin, CountersMixin, LeasesMixin, UpkeepMixin, Cache):
     """Blobs, refs, leases and counters in one Redis database or Redis Cluster.
 
