@@ -28,8 +28,11 @@ from precompile.errors import NotRegularFileError
 log = logging.getLogger("precompile.cache")
 
 #: Seconds ``close()`` and the exit hook wait for the stats lock before leaving the counts unpersisted (``incr``
-#: never waits: it tries the lock once).  Another process holds it for one small read-modify-write, far less.
-EXIT_LOCK_WAIT_S = 0.5
+#: never waits: it tries the lock once).  Another process holds it for one small read-modify-write, far less, but
+#: on a loaded host many processes taking it in turn can hold it most of the time: the wait polls every
+#: :data:`EXIT_POLL_S`, so that it finds the lock free between two of them.
+EXIT_LOCK_WAIT_S = 2.0
+EXIT_POLL_S = 0.001
 #: Largest ``stats.json`` read, bytes (ours is a few hundred: one line per counter).
 MAX_STATS_BYTES = 1 << 20
 
@@ -100,7 +103,7 @@ class LocalCountersMixin:
                 self._lock_dir.mkdir(parents=True, exist_ok=True)
                 lock = filelock.FileLock(str(self._lock_dir / "stats.lock"))
                 try:
-                    lock.acquire(timeout=wait_s, blocking=wait_s > 0)
+                    lock.acquire(timeout=wait_s, poll_interval=EXIT_POLL_S, blocking=wait_s > 0)
                 except filelock.Timeout:  # another process holds it: keep the counts for a later try
                     _UNPERSISTED.add(self)
                     log.debug("the stats lock of %s is held by another process; %d counter(s) kept in this process "
