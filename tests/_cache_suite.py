@@ -182,9 +182,10 @@ class CacheSuite:
             with pytest.raises(NotImplementedError):
                 cache.acquire_lease(KEY)
             return
-        a, b = backend.open(lease_ttl=0.4), backend.open(lease_ttl=0.4)
+        # a's lease length is 5 s, b's 0.4 s: a lease is one only with an expiry within the reader's lease length
+        a, b = backend.open(lease_ttl=5.0), backend.open(lease_ttl=0.4)
         assert a.supports_leases
-        token = a.acquire_lease(KEY)
+        token = a.acquire_lease(KEY, 0.4)
         assert token and b.acquire_lease(KEY) is None and b.lease_held(KEY)
         assert not b.release_lease(KEY, "not-the-token") and a.lease_held(KEY)  # only the holder releases
         assert a.renew_lease(KEY, token, 5.0)
@@ -197,7 +198,8 @@ class CacheSuite:
         assert not a.lease_held(KEY)
         token_a = a.acquire_lease(KEY)
         assert token_a and not b.renew_lease(KEY, token_b) and not b.release_lease(KEY, token_b)
-        assert a.lease_held(KEY) and a.release_lease(KEY, token_a)
+        assert a.lease_held(KEY) and not b.lease_held(KEY)  # 5 s: longer than b's lease length, no lease to b
+        assert a.release_lease(KEY, token_a)
 
     # ---------------------------------------------------------------------------------------- counters
     def test_counters_are_shared_and_never_raise(self, backend, cache, caplog):

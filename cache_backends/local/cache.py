@@ -52,7 +52,7 @@ from cache_backends.base import (
 )
 from cache_backends.bounded import MAX_REF_BYTES
 from cache_backends.local import beneath
-from cache_backends.local.counters import STATS_LOCK_TIMEOUT_S, LocalCountersMixin  # noqa: F401
+from cache_backends.local.counters import EXIT_LOCK_WAIT_S, LocalCountersMixin  # noqa: F401
 from cache_backends.local.fetch import DEFAULT_FETCH_WAIT_S, LocalFetchMixin
 from cache_backends.local.files import SUSPECT, LocalFilesMixin, drop_ident, warn_if_writable_by_others
 from cache_backends.local.heal import heal
@@ -390,7 +390,8 @@ class LocalCache(LocalUpkeepMixin, LocalCountersMixin, LocalFilesMixin, LocalFet
         return out
 
     def close(self) -> None:
-        """Try once more to persist counters kept in memory; nothing else to release.  Never raises."""
-        if self._pending and not self._configured_read_only:
-            self.incr()
+        """Try once more to persist counters kept in memory (waiting at most
+        :data:`~cache_backends.local.counters.EXIT_LOCK_WAIT_S` for the stats lock); nothing else to release.
+        Never raises."""
+        self.close_counters()
 

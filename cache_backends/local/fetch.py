@@ -7,9 +7,14 @@ each fetch them from Redis.  Instead each takes, per blob, a lock file under ``D
 wait for the lock, then find the blobs in the local tier.  Locks are striped by the first three hex digits of the
 digest (at most 4096 lock files), taken in order, so two processes never wait on each other in a circle.
 
-Waiting is bounded: after ``fetch_wait`` seconds (a holder stalled, SIGSTOPped, or on a file system whose locks do
-not work) a process fetches without the lock; a lock that cannot be made (an unwritable ``locks/``) is skipped.
-The lock only saves downloads: correctness never depends on it (every blob is verified on every read).
+Waiting is short and bounded: after ``fetch_wait`` seconds in all (default :data:`DEFAULT_FETCH_WAIT_S`, 1 s) a
+process fetches without the lock, and says so once per process and directory (later at debug level).  A holder
+may be stalled (SIGSTOP), on a file system whose locks do not work, or another user's process that only holds
+the lock files (they are 0644, and ``flock`` needs no write access): it costs a near miss ``fetch_wait``, not the
+time a fetch could take.  A lock that cannot be made (an unwritable ``locks/``) is skipped.  The lock only saves
+downloads: correctness never depends on it (every blob is verified on every read).  A host whose remote fetches
+often take longer than the wait (large blobs, a slow link) may set a longer ``fetch_wait``, at the cost of a longer
+stall when the locks are squatted.
 """
 
 from __future__ import annotations
@@ -22,11 +27,13 @@ from types import TracebackType
 import filelock
 
 from cache_backends.local.heal import lock_file
+from cache_backends.local.files import warn_once_per_root
 
 log = logging.getLogger("precompile.cache")
 
-#: Default seconds a process waits for another process of its host to fetch the blobs it needs.
-DEFAULT_FETCH_WAIT_S = 30.0
+#: Default seconds a process waits in all for other processes of its host to fetch the blobs it needs (then it
+#: fetches them itself).
+DEFAULT_FETCH_WAIT_S = 1.0
 
 
 class FetchLock:
@@ -82,8 +89,12 @@ class FetchLock:
                 continue
             self._held.append(lock)
         if self.timed_out:
-            log.warning("waited %.1f s for another process of this host to fetch %d blob(s) into %s; fetching them "
-                        "here as well", self.wait_s, len(self.digests), self.dir.parent.parent)
+            root = self.dir.parent.parent
+            warn_once_per_root(root, "fetch lock",
+                               f"waited {self.wait_s:.1f} s for another process of this host to fetch "
+                               f"{len(self.digests)} blob(s) into {root}; fetching them here as well (a process that "
+                               "holds the fetch locks in locks/fetch/ and does not fetch costs each near miss "
+                               "fetch_wait seconds; said once per process)")
         return {d for d in self.digests if d[:3] in waited}
 
     def __exit__(self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None) -> None:

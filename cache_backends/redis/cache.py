@@ -68,7 +68,7 @@ from cache_backends.redis.blobs import WRONG_TYPE, BlobsMixin, execute
 from cache_backends.redis.codec import ChunkedHead
 from cache_backends.redis.counters import CountersMixin
 from cache_backends.redis.failover import FailoverPending, current_deadline, is_failover, retrying
-from cache_backends.redis.health import Breaker, CounterSink, server_key
+from cache_backends.redis.health import DEFAULT_DOWN_S, Breaker, CounterSink, server_key
 from cache_backends.redis.leases import ACQUIRE_LUA, RELEASE_LUA, RENEW_LUA, LeasesMixin
 from cache_backends.redis.replicas import ReplicasMixin
 from cache_backends.redis.spread import piece_tag

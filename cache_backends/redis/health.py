@@ -23,6 +23,8 @@ from urllib.parse import urlsplit
 
 log = logging.getLogger("precompile.cache")
 
+#: Default seconds every cache of the process fails fast after a server was found down or stalled (``down_s``).
+DEFAULT_DOWN_S = 10.0
 #: Seconds the sender thread waits between two batches (it also wakes as soon as counts arrive).
 FLUSH_INTERVAL_S = 0.2
 #: Seconds the exit hook waits for the last counts to be sent.

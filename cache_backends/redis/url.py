@@ -32,6 +32,8 @@ from cache_backends.options import (
     parse_seconds,
     parse_size,
 )
+from cache_backends.redis.health import DEFAULT_DOWN_S, server_key
+from cache_backends.redis.opening import OpenGuard, open_breaker
 from precompile.errors import CacheUnavailableError, CacheURLError
 
 #: Default socket timeout, seconds: a server that does not answer within it is unavailable.
@@ -104,7 +106,9 @@ def open_client(url: str) -> tuple[Any, str, dict[str, Any]]:
         CacheURLError: the scheme is not a Redis one, an option is unknown, repeated, malformed or out of its
             range, ``cluster=1`` is combined with ``unix://`` or a database other than 0, ``replica_reads=1`` is
             given without ``cluster=1``, or an ``ssl_*`` option without ``rediss://``.
-        CacheUnavailableError: none of a cluster's known nodes can be reached.
+        CacheUnavailableError: none of a cluster's known nodes can be reached, or every master timed out (each
+            node is waited for at most one timeout: :mod:`cache_backends.redis.opening`), or an open of the same
+            cluster timed out less than ``down_s`` seconds ago.
     """
     parts = urlsplit(url.strip())
     scheme = parts.scheme.lower()
@@ -157,13 +161,29 @@ def open_client(url: str) -> tuple[Any, str, dict[str, Any]]:
             if parts.path.strip("/") not in ("", "0"):
                 raise CacheURLError(f"a Redis Cluster has only database 0, got {redact(url)!r}")
             ours["replica_reads"] = replica_reads is not False
-            client = _cluster_client(redis_url, kwargs, replicas=bool(ours["replica_reads"]), seeds=seeds)
+            breaker = open_breaker(server_key(redact(url)), seeds)
+            if breaker.open_for() > 0:
+                raise CacheUnavailableError(f"Redis cluster at {redact(url)} cannot be reached ({breaker.reason}); "
+                                            f"not trying again for {breaker.open_for():.1f} s more")
+            guard = OpenGuard()
+            try:
+                client = _cluster_client(redis_url, kwargs, replicas=bool(ours["replica_reads"]), seeds=seeds,
+                                         guard=guard)
+            except DOWN_ERRORS as err:
+                if not guard.timed_out:
+                    raise
+                # a slow failure: the opens after this one fail at once for down_s
+                down_s = float(ours.get("down_s", DEFAULT_DOWN_S))  # type: ignore[arg-type]
+                why = f"{len(guard.timed_out)} of its nodes timed out ({timeout:g} s each) while it was opened"
+                breaker.trip(down_s, why)
+                raise CacheUnavailableError(f"Redis cluster at {redact(url)} cannot be reached: {why}; not trying "
+                                            f"again for {down_s:g} s") from err
         else:
             # one quick retry for a reset connection (a server restarted, an idle connection closed); never for a
             # timeout: a stalled server must cost one timeout, not two (redis-py retries timeouts by default)
             retry = Retry(ExponentialBackoff(cap=0.2, base=0.02), 1, supported_errors=(rex.ConnectionError,))
             client = redis.Redis.from_url(redis_url, retry=retry, **kwargs)
-    except CacheURLError:
+    except (CacheURLError, CacheUnavailableError):
         raise
     except (ValueError, TypeError) as err:
         raise CacheURLError(f"invalid Redis URL {redact(url)!r}: {err}") from err
@@ -173,16 +193,18 @@ def open_client(url: str) -> tuple[Any, str, dict[str, Any]]:
 
 
 def _cluster_client(redis_url: str, kwargs: dict[str, Any], replicas: bool = False,
-                    seeds: tuple[tuple[str, int], ...] = ()) -> Any:
+                    seeds: tuple[tuple[str, int], ...] = (), guard: OpenGuard | None = None) -> Any:
     """A ``RedisCluster`` for ``redis_url``, routing every command to the master of its key's slot; with
     ``replicas``, its connections send ``READONLY`` as they open, so that a read sent to a replica
     (``target_nodes``) is served there.  The slot map is
     asked of the URL's node or any of ``seeds`` (the URL's ``nodes=``), whichever answers; when none can be
     reached (a master killed, its replica promoted), the other nodes of that cluster this process has seen are
-    tried.
+    tried.  Each node is waited for at most one timeout in all (``guard``, :class:`OpenGuard`: a node that timed
+    out is not asked again while the client is built).
 
     Raises:
         redis.exceptions.RedisClusterException, ConnectionError...: no node answers.
+        redis.exceptions.TimeoutError: every master timed out (:meth:`OpenGuard.check`).
     """
     from redis.backoff import NoBackoff
     from redis.cluster import ClusterNode
@@ -197,7 +219,11 @@ def _cluster_client(redis_url: str, kwargs: dict[str, Any], replicas: bool = Fal
     # none: redis-py retries every ERRORS_ALLOW_RETRY (timeouts too, whatever supported_errors says) and reloads
     # the slot map between tries, so one stalled node cost several timeouts a call; failovers are ridden out by
     # redis_failover.retrying instead, with backoff and a deadline.
+    # A node that times out is not asked again while the client is built, so those retries cost a stalled node
+    # one timeout in all (cache_backends/redis/opening.py).
     extra["retry"] = Retry(NoBackoff(), 10)
+    guard = guard or OpenGuard()
+    extra["connection_pool_class"] = guard.pool_class
     if seeds:
         extra["startup_nodes"] = [ClusterNode(h, p) for h, p in seeds]
     try:
@@ -208,6 +234,7 @@ def _cluster_client(redis_url: str, kwargs: dict[str, Any], replicas: bool = Fal
         if not known:
             raise
         client = RedisCluster.from_url(redis_url, **{**extra, "startup_nodes": known}, **kwargs)
+    guard.check(client)
     client.set_retry(Retry(NoBackoff(), 0))
     nodes = [(n.host, int(n.port)) for n in client.get_nodes()]
     with _KNOWN_LOCK:

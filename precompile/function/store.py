@@ -19,6 +19,7 @@ from precompile import metrics
 from precompile.artifact.function_manifest import FunctionManifest
 from precompile.errors import ArtifactFormatError, CacheError, UnsafePathError
 from precompile.metrics import safe_incr
+from precompile.store import refusals
 from precompile.store.cache_io import (
     drop_ref,
     read_failed,
@@ -59,6 +60,7 @@ def read(cache: Cache, key: str) -> Stored | None:
     from precompile.artifact import trust
 
     policy = trust.policy(cache)
+    ctx = refusals.context(cache, policy)
     digest: str | None = None
     try:
         read = read_manifest_doc(cache, key, policy, "function artifact")
@@ -67,9 +69,11 @@ def read(cache: Cache, key: str) -> Stored | None:
         digest, doc = read
         manifest = FunctionManifest.from_dict(doc)
         if manifest.key != key:
+            refusals.remember(key, digest, ctx, "its manifest names another key", "damaged")
             drop(cache, key, f"its manifest names another key {manifest.key[:12]}", digest)
             return None
         if policy.no_host_code:  # Dynamo's part is a pickle and its bytecode runs: host code
+            refusals.remember(key, digest, ctx, "it carries host code", "host_code")
             log.info("function artifact %s carries host code (Dynamo's bytecode) and PRECOMPILE_REQUIRE_NO_HOST_CODE "
                      "is set: a miss", key[:12])
             safe_incr(cache, host_code_refused=1)
@@ -88,9 +92,11 @@ def read(cache: Cache, key: str) -> Stored | None:
             drop(cache, key, "its Dynamo part is missing or corrupt", digest)
             return None
     except UnsafePathError as err:
+        refusals.remember(key, digest, ctx, str(err))
         refused_unsafe(cache, "function artifact", key, err)
         return None
     except ArtifactFormatError as err:
+        refusals.remember(key, digest, ctx, str(err), "damaged")
         drop(cache, key, str(err), digest)
         return None
     except CacheError as err:

@@ -18,6 +18,8 @@ from precompile.inductor import cuda_runtime, runtime
 
 #: Largest stored wrapper graph read, bytes (a large model's is well under 1 MiB).
 MAX_GRAPH_BYTES = 8 << 20
+#: Largest launch blob (launch record + cubin) read, bytes (a Triton kernel's cubin is tens to hundreds of KiB).
+MAX_LAUNCH_BYTES = 32 << 20
 
 
 def load_graph(graph: bytes, launches: dict[int, bytes], *, inputs_to_check: list[int] = (),
@@ -31,11 +33,14 @@ def load_graph(graph: bytes, launches: dict[int, bytes], *, inputs_to_check: lis
 
     Raises:
         WrapperGraphError: the graph is larger than :data:`MAX_GRAPH_BYTES`, not JSON, or outside the format.
-        ValueError: a launch blob is malformed (:func:`~precompile.inductor.cuda_runtime.read_launch`), or a
-            launch node names a kernel without one.
+        ValueError: a launch blob is larger than :data:`MAX_LAUNCH_BYTES` or malformed
+            (:func:`~precompile.inductor.cuda_runtime.read_launch`), or a launch node names a kernel without one.
     """
     if len(graph) > MAX_GRAPH_BYTES:
         raise wrapper_graph.WrapperGraphError(f"a wrapper graph of {len(graph)} bytes, more than {MAX_GRAPH_BYTES}")
+    big = [i for i, blob in launches.items() if len(blob) > MAX_LAUNCH_BYTES]
+    if big:
+        raise ValueError(f"the launch blob of kernel {big[0]} is over {MAX_LAUNCH_BYTES} bytes")
     try:
         data = loads_json(graph, MAX_GRAPH_BYTES, "the wrapper graph")
     except ValueError as err:  # not JSON, or nested deeper than the JSON bound (InputLimitError)

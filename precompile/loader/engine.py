@@ -96,6 +96,24 @@ def _no_host_code(art: Artifact) -> Callable[..., Any]:
     return engine
 
 
+def graph_part_bounds(manifest: Any) -> dict[str, int]:
+    """``{digest: bytes}``: the parts the engine of ``PRECOMPILE_REQUIRE_NO_HOST_CODE`` reads (the wrapper graph and
+    its kernels' launch blobs; no other part: they are host code), each bounded by the size a structurally
+    checked manifest records and never more than the engine accepts
+    (:data:`~precompile.inductor.graph_engine.MAX_GRAPH_BYTES` for the graph,
+    :data:`~precompile.inductor.graph_engine.MAX_LAUNCH_BYTES` for a launch blob), so that a manifest recording
+    gigabytes costs a read of at most that much.  ``{}`` when the manifest has no wrapper graph."""
+    from precompile.inductor.graph_engine import MAX_GRAPH_BYTES, MAX_LAUNCH_BYTES
+
+    part = manifest.parts.get("wrapper_graph") or {}
+    out: dict[str, int] = {}
+    if part:
+        out[part["graph"]] = min(int(manifest.blobs[part["graph"]]["size"]), MAX_GRAPH_BYTES)
+    for digest in part.get("kernels", {}).values():
+        out[digest] = min(int(manifest.blobs[digest]["size"]), MAX_LAUNCH_BYTES)
+    return out
+
+
 def start_primer(manifest: Any) -> Any:
     """Start replaying the library calls ``manifest``'s fast path recorded (:mod:`precompile.inductor.prime`), as
     ``PRECOMPILE_PRIME`` asks, as soon as a load has verified the manifest, so that the replay runs while its blobs

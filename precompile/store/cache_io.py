@@ -13,8 +13,9 @@ from precompile import metrics
 from precompile.artifact.manifest import Manifest, ManifestJSON, load_json
 from precompile.errors import (ArtifactFormatError, ArtifactNotFoundError, CacheError, CacheReadOnlyError,
                                UnsafePathError)
-from precompile.loader.engine import start_primer
+from precompile.loader.engine import graph_part_bounds, start_primer
 from precompile.metrics import safe_incr, warn_once
+from precompile.store import refusals
 
 if TYPE_CHECKING:  # pragma: no cover
     from precompile.artifact import trust
@@ -34,13 +35,17 @@ def load_from_cache(key: str, cache: str | Cache | None, *, bound: dict[int, tor
     signature when verify keys are configured
     (:func:`precompile.artifact.trust.policy`: an unsigned or badly signed entry is a miss, logged and counted under
     ``untrusted`` and ``untrusted_<reason>``, its ref left alone), then its structure and every name in it
-    (:mod:`precompile.artifact.names`), then reads the blobs a load needs (engine payload, binaries), all verified by
+    (:mod:`precompile.artifact.names`), then reads the blobs a load needs (engine payload, binaries; under
+    ``PRECOMPILE_REQUIRE_NO_HOST_CODE`` only the wrapper graph and its launch blobs, each within the graph engine's
+    own bound: :func:`~precompile.loader.engine.graph_part_bounds`), all verified by
     the backend and none larger than the manifest records, and checks that the other parts exist (they are read,
     verified and bounded the same way, when used).  Nothing read is run
     here.  A ref whose manifest or blobs are verified missing or corrupt is a miss: the ref is dropped so the next
     build replaces it.  Cache failures (a server down or stalled) are misses too, logged once, counted under
     ``errors``, and never drop anything.  ``policy`` is the call's trust policy when the caller resolved it already
     (:func:`cache_backends.registry.policy_for`); by default the cache's (:func:`precompile.artifact.trust.policy`).
+    An entry refused for what its manifest holds (its signature, its form, host code) is remembered, and a later
+    lookup of the same ref is a miss without reading it again (:mod:`precompile.store.refusals`).
 
     Raises:
         EnvironmentMismatchError: only if ``check_env`` and the stored manifest's key fields differ from here
@@ -52,6 +57,7 @@ def load_from_cache(key: str, cache: str | Cache | None, *, bound: dict[int, tor
 
     c = open_cache(cache)
     policy = policy or trust.policy(c)
+    ctx = refusals.context(c, policy)
     digest: str | None = None  # the manifest's, once read: a drop deletes only a ref that still names it
     try:
         read = read_manifest_doc(c, key, policy, "cache entry")
@@ -59,20 +65,29 @@ def load_from_cache(key: str, cache: str | Cache | None, *, bound: dict[int, tor
             return None
         digest, doc = read
         manifest = Manifest.from_dict(doc)
+        del doc
         if manifest.key != key:
+            refusals.remember(key, digest, ctx, "its manifest names another key", "damaged")
             drop_ref(c, key, f"its manifest names another key {manifest.key[:12]}", digest=digest)
             return None
         if policy.no_host_code and not manifest.parts.get("wrapper_graph"):
+            refusals.remember(key, digest, ctx, "it carries host code", "host_code")
             log.info("cache entry %s carries host code (%s) and PRECOMPILE_REQUIRE_NO_HOST_CODE is set: a miss",
                      key[:12], manifest.build.get("host_code") or "a Python wrapper")
             safe_incr(c, host_code_refused=1)
             metrics.note_miss("host_code")
             return None
+        no_host_code = policy.no_host_code
         # the replay, where asked for, runs while the blobs are read and checked (never for the graph engine)
-        primer = None if policy.no_host_code else start_primer(manifest)
-        needed = manifest.load_digests()
+        primer = None if no_host_code else start_primer(manifest)
         sizes = part_bounds(manifest)
-        got = c.get_blobs(needed, sizes)  # a part larger than its manifest records is refused unread: a miss
+        if no_host_code:  # the graph engine reads its graph and launch blobs, within its own bounds; nothing else
+            graph_parts = graph_part_bounds(manifest)
+            sizes.update(graph_parts)
+            needed = list(graph_parts)
+        else:
+            needed = manifest.load_digests()
+        got = c.get_blobs(needed, sizes)  # a part larger than its bound is refused before it is allocated: a miss
         lost = [d for d, v in got.items() if v is MISS]
         # parts a load does not read (sources, graph, wrappers) are read lazily; they must at least exist, or an
         # entry whose part was found corrupt (and dropped) on a lazy read would be served forever, never whole
@@ -82,12 +97,18 @@ def load_from_cache(key: str, cache: str | Cache | None, *, bound: dict[int, tor
             drop_ref(c, key, f"{len(lost)} of its parts are missing or corrupt", digest=digest)
             return None
     except UnsafePathError as err:  # planted or garbled: never used, counted with the refused entries
+        refusals.remember(key, digest, ctx, str(err))
         refused_unsafe(c, "cache entry", key, err)
         return None
-    except (CacheError, ArtifactFormatError) as err:
+    except CacheError as err:  # an outage: nothing is remembered
+        read_failed(c, "artifact", key, err)
+        return None
+    except ArtifactFormatError as err:
+        refusals.remember(key, digest, ctx, str(err), "damaged")
         read_failed(c, "artifact", key, err)
         return None
     except (KeyError, TypeError, AttributeError, ValueError, IndexError) as err:  # a shape the checks let through
+        refusals.remember(key, digest, ctx, "its manifest is malformed", "damaged")
         drop_ref(c, key, f"its manifest is malformed ({type(err).__name__}: {str(err)[:200]})", digest=digest)
         return None
     from precompile.key.fingerprint import check_environment
@@ -110,9 +131,11 @@ def load_from_cache(key: str, cache: str | Cache | None, *, bound: dict[int, tor
         art.no_host_code = policy.no_host_code
         return art
     except ArtifactFormatError as err:  # a manifest whose digests check but whose specs or guards do not parse
+        refusals.remember(key, digest, ctx, str(err), "damaged")
         drop_ref(c, key, str(err), digest=digest)
         return None
     except (KeyError, TypeError, AttributeError, ValueError, IndexError) as err:
+        refusals.remember(key, digest, ctx, "its manifest is malformed", "damaged")
         drop_ref(c, key, f"its manifest is malformed ({type(err).__name__}: {str(err)[:200]})", digest=digest)
         return None
 
@@ -129,8 +152,9 @@ def read_manifest_doc(cache: Cache, key: str, policy: Any, what: str, *,
     accepts, or None on a miss:
     no ref (counted ``absent``), a manifest blob missing, corrupt or over ``max_bytes`` bytes (default
     :data:`~cache_backends.bounded.MAX_MANIFEST_BYTES`: refused by the backend before it is allocated, counted
-    ``over_limit``; the ref dropped, :func:`drop_ref`), or a signature the policy refuses (counted ``untrusted``,
-    the ref left alone).  The JSON is parsed with a depth bound (:func:`~precompile.artifact.manifest.load_json`).
+    ``over_limit``; the ref dropped, :func:`drop_ref`), a signature the policy refuses (counted ``untrusted``,
+    the ref left alone), or a manifest this process refused before (:mod:`precompile.store.refusals`: not read
+    again, nothing counted again).  The JSON is parsed with a depth bound (:func:`~precompile.artifact.manifest.load_json`).
     The first steps of every read of a cache entry (graph artifact, whole function, record); the caller checks the
     structure next.  ``what`` names the entry in messages (``"cache entry"``, ``"record"``...).
 
@@ -145,13 +169,27 @@ def read_manifest_doc(cache: Cache, key: str, policy: Any, what: str, *,
     if digest is MISS:
         metrics.note_miss("absent")
         return None
+    ctx = refusals.context(cache, policy)
+    earlier = refusals.recall(key, digest, ctx)
+    if earlier is not None:  # refused before: the same bytes, refused again, without reading them again
+        log.debug("%s %s in %s was refused earlier in this process (%s); a miss", what, key[:12], cache.url,
+                  earlier[0])
+        if earlier[1] is not None:
+            metrics.note_miss(earlier[1])
+        return None
     raw = cache.get_blob(digest, max_bytes)
     if raw is MISS:
         drop_ref(cache, key, f"its manifest blob is missing, corrupt or over {max_bytes} bytes", what, digest=digest)
         return None
-    doc = load_json(raw)
+    try:
+        doc = load_json(raw)
+    except ArtifactFormatError as err:
+        refusals.remember(key, digest, ctx, str(err), "damaged")
+        raise
+    del raw
     verdict = policy.check(doc)
     if not verdict.ok:
+        refusals.remember(key, digest, ctx, verdict.detail)
         safe_incr(cache, **trust.note_refused(verdict, f"{what} {key[:12]} in {cache.url}"))
         metrics.note_untrusted(verdict.status)
         return None

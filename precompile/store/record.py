@@ -26,6 +26,7 @@ from precompile.artifact.record_manifest import (
 )
 from precompile.artifact import trust
 from precompile.errors import ArtifactFormatError, CacheError
+from precompile.store import refusals
 from precompile.store.cache_io import drop_ref, read_failed, read_manifest_doc, signed_for_store, write_failed
 
 __all__ = ["KIND", "MAX_MANIFEST_BYTES", "MAX_RECORD_BYTES", "RecordManifest", "is_record_doc", "read", "record_key",
@@ -61,6 +62,7 @@ def read(cache: Cache, key: str, purpose: str) -> RecordManifest | None:
             drop_ref(cache, key, "its manifest names another key or purpose", "record", digest=digest)
             return None
     except ArtifactFormatError as err:
+        refusals.remember(key, digest, refusals.context(cache, policy), str(err), "damaged")
         drop_ref(cache, key, str(err), "record", digest=digest)
         return None
     except CacheError as err:
