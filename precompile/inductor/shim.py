@@ -100,8 +100,14 @@ def standalone_compile(gm: torch.fx.GraphModule, example_inputs: list[Any], dyna
     # torch's ``options`` are compile_fx keyword arguments; config patches go in ``config_patches``
     if dynamic_shapes == "from_tracing_context":
         example_inputs = tracing_fakes(example_inputs)
-    art = torch._inductor.standalone_compile(gm, example_inputs, dynamic_shapes=dynamic_shapes,
-                                             options={"config_patches": dict(config_patches)})
+    from torch._functorch import config as functorch_config
+
+    # the backward of a training graph compiled now, not at its first call: torch 2.11's AOTAutograd cache saves a
+    # training graph's entry only once its backward is compiled (2.13 saves it either way), so without this a
+    # training graph had no entry to store
+    with functorch_config.patch(force_non_lazy_backward_lowering=True):
+        art = torch._inductor.standalone_compile(gm, example_inputs, dynamic_shapes=dynamic_shapes,
+                                                 options={"config_patches": dict(config_patches)})
     artifacts = getattr(art, "_artifacts", None)
     if artifacts is None:
         return art._compiled_fn, None, []
