@@ -105,7 +105,7 @@ def __getattr__(name: str) -> Any:
 
 
 def wrap_platform(base: type) -> type:
-    """``base`` (a vLLM ``Platform`` class) with the two changes of the module docstring."""
+    """``base`` (a vLLM ``Platform`` class) with the changes of the module docstring."""
 
     gpu = base._enum.name in GPU_PLATFORMS
 
