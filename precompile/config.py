@@ -15,6 +15,7 @@ temporary directory by setting the environment before the call.
 | ``PRECOMPILE_REWRITES`` | ``on``: choices for a short first call, made before the key: exact graph rewrites (``precompile.key.passes``: a GPU matmul with an inner dimension of 1 becomes a multiply, so that a first call loads no cuBLAS kernel for it) and, for CUDA graphs, flash and memory-efficient attention ahead of cuDNN's (``precompile.key.sdpa``: no per-process cuDNN plan build); ``off`` compiles the graph as given under torch's own choices, for bits equal to torch's own compile of it | ``on`` |
 | ``PRECOMPILE_EXPLAIN`` | ``1``: on a miss, ``standalone_compile`` logs the closest stored artifact and the factors that differ (reads every stored manifest: for debugging) | ``0`` |
 | ``PRECOMPILE_SIGNING_KEY`` | builders: path of the Ed25519 private key (PEM) every stored or saved manifest is signed with; its public key is trusted too | unset: nothing signed (set but blank: an error) |
+| ``PRECOMPILE_GRAPH_OP_NAMESPACES`` | comma-separated operator namespaces a stored FX graph may call besides ``aten``, ``prims`` and the custom-op namespaces registered in the process (e.g. ``_c10d_functional``); see ``precompile.artifact.graph_allow`` | unset: none |
 | ``PRECOMPILE_VERIFY_KEYS`` | serving workers: comma-separated Ed25519 public keys (``ed25519:<64 hex>``, or files of them / PEM); set, only artifacts signed by one of them load | unset: nothing checked (set, it must name a key: ``""``, ``","`` or an empty key file is an error) |
 
 The ``precompile`` logger's handler and level are set here too (:func:`setup_logging`), for the command line,
@@ -169,6 +170,23 @@ def vllm_registry_enabled() -> bool:
     if raw.lower() in ("0", "false", "no", "off"):
         return False
     raise ConfigError(f"PRECOMPILE_VLLM_REGISTRY must be 1 or 0 (true/false, yes/no, on/off), got {raw!r}")
+
+
+def graph_op_namespaces() -> frozenset[str]:
+    """``PRECOMPILE_GRAPH_OP_NAMESPACES``: operator namespaces a stored FX graph may call besides ``aten``,
+    ``prims`` and the custom-op namespaces registered in this process (:mod:`precompile.artifact.graph_allow`);
+    empty when unset.
+
+    Raises:
+        ConfigError: an entry is not an identifier (``_c10d_functional``, ``quantized``).
+    """
+    raw = os.environ.get("PRECOMPILE_GRAPH_OP_NAMESPACES") or ""
+    names = frozenset(n.strip() for n in raw.split(",") if n.strip())
+    bad = sorted(n for n in names if not (n.isascii() and n.isidentifier()) or n.startswith("__"))
+    if bad:
+        raise ConfigError("PRECOMPILE_GRAPH_OP_NAMESPACES must list operator namespaces (identifiers, comma-"
+                          f"separated), got {bad[0]!r:.80}")
+    return names
 
 
 def signing_key_path() -> str | None:
