@@ -129,7 +129,7 @@ def test_a_bundle_whose_manifest_is_not_json_is_refused_under_verify_keys_only(b
 # ------------------------------------------------- issue 34: the probe's rebuild cases, with and without verify keys
 
 X = [{"name": "x", "kind": "user_input", "fqn": None, "type": "tensor", "shape": [4], "stride": [1],
-      "dtype": "float32", "device": "cpu", "requires_grad": False}]
+      "dtype": "float32", "device": "cpu", "requires_grad": False, "aligned": True}]
 
 
 def _graph(*nodes: tuple) -> dict:
@@ -191,8 +191,12 @@ def test_the_probes_rebuild_cases_run_nothing_without_verify_keys(probes):
         assert set(by_key) == set(keys.values())
         for case in ("chain", "import", "dlopen"):
             assert by_key[keys[case]]["outcome"] == "refused" and "node 1 ('a'" in by_key[keys[case]]["detail"], rows
-        # the option is refused and this machine's default used; the graph (relu) is rebuilt with it
+        # the option is refused and this machine's default used: the graph (relu) is rebuilt with it, and found
+        # rebuilt already from the stale listing
         assert "stored option 'cpp.march'" in log and "using this machine's default" in log, log
+        march = by_key[keys["march"]]
+        assert march["outcome"] == ("rebuilt" if args else "present"), march
+        assert not args or "stored option(s) refused" in march["detail"], march
 
 
 def test_the_probes_rebuild_cases_are_refused_unread_under_verify_keys(probes, tmp_path):
