@@ -16,6 +16,7 @@ temporary directory by setting the environment before the call.
 | ``PRECOMPILE_EXPLAIN`` | ``1``: on a miss, ``standalone_compile`` logs the closest stored artifact and the factors that differ (reads every stored manifest: for debugging) | ``0`` |
 | ``PRECOMPILE_SIGNING_KEY`` | builders: path of the Ed25519 private key (PEM) every stored or saved manifest is signed with; its public key is trusted too | unset: nothing signed (set but blank: an error) |
 | ``PRECOMPILE_METRICS_PORT`` | TCP port (1-65535) on which a process serves its Prometheus metrics (``/metrics``, all interfaces), from its first recorded lookup or load (:func:`precompile.metrics.serve_configured`) | unset: no endpoint |
+| ``PRECOMPILE_GRAPH_OP_NAMESPACES`` | comma-separated operator namespaces a stored FX graph may call besides ``aten``, ``prims`` and the custom-op namespaces registered in the process (e.g. ``_c10d_functional``); see ``precompile.artifact.graph_allow`` | unset: none |
 | ``PRECOMPILE_VERIFY_KEYS`` | serving workers: comma-separated Ed25519 public keys (``ed25519:<64 hex>``, or files of them / PEM); set, only artifacts signed by one of them load | unset: nothing checked (set, it must name a key: ``""``, ``","`` or an empty key file is an error) |
 
 The ``precompile`` logger's handler and level are set here too (:func:`setup_logging`), for the command line,
@@ -203,6 +204,21 @@ def metrics_port() -> int | None:
         raise ConfigError(f"PRECOMPILE_METRICS_PORT must be a TCP port number from 1 to 65535 (or unset, for no "
                           f"metrics endpoint), got {raw!r}")
     return port
+def graph_op_namespaces() -> frozenset[str]:
+    """``PRECOMPILE_GRAPH_OP_NAMESPACES``: operator namespaces a stored FX graph may call besides ``aten``,
+    ``prims`` and the custom-op namespaces registered in this process (:mod:`precompile.artifact.graph_allow`);
+    empty when unset.
+
+    Raises:
+        ConfigError: an entry is not an identifier (``_c10d_functional``, ``quantized``).
+    """
+    raw = os.environ.get("PRECOMPILE_GRAPH_OP_NAMESPACES") or ""
+    names = frozenset(n.strip() for n in raw.split(",") if n.strip())
+    bad = sorted(n for n in names if not (n.isascii() and n.isidentifier()) or n.startswith("__"))
+    if bad:
+        raise ConfigError("PRECOMPILE_GRAPH_OP_NAMESPACES must list operator namespaces (identifiers, comma-"
+                          f"separated), got {bad[0]!r:.80}")
+    return names
 
 
 def signing_key_path() -> str | None:

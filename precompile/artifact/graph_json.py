@@ -5,10 +5,17 @@ op, target and arguments, enough to rebuild the ``GraphModule`` (``graph_from_js
 Its canonical form (``canonical_graph``) drops everything that must never change a key: node names (replaced
 by their position), ``meta`` (stack traces, source locations, module stacks) and the order of dict keys.
 
-Targets are stored by importable name: ``{"op": "aten::mm.default"}`` for an ATen/custom operator overload,
+Targets are stored by name: ``{"op": "aten::mm.default"}`` for an ATen/custom operator overload,
 ``{"fn": "torch.nn.functional:relu"}`` for a Python callable whose ``module:qualname`` resolves back to the
 same object.  Anything else (a lambda, a local function, an opaque object in an argument) raises
 :class:`~precompile.errors.UnserializableGraphError` naming the node and the value.
+
+Reading one back (``graph_from_json``) imports nothing: a stored graph comes from a cache, so each target, method
+and attribute it names must be on the allow-list of :mod:`precompile.artifact.graph_allow` (ATen, prims and
+registered custom operators by qualified name, torch's own tensor functions and size arithmetic from a fixed
+table, public tensor methods), every name that reaches the generated code is an identifier, and anything else is
+an :class:`~precompile.errors.ArtifactFormatError` naming the node.  A graph calling a module-level function of
+its own (stored by name) is still stored, but does not come back.
 
 Normalization (lifting attributes to placeholders) is :mod:`precompile.key.graph`'s concern.
 """
@@ -19,14 +26,24 @@ import enum
 import importlib
 import json
 import math
+import re
 from typing import Any
 
 import torch
 import torch.fx
 
-from precompile.errors import UnserializableGraphError
+from precompile.artifact import graph_allow
+from precompile.artifact.graph_allow import identifier
+from precompile.errors import ArtifactFormatError, UnserializableGraphError
 
 GRAPH_SCHEMA = 1
+#: Bounds on a stored graph: sub-graphs within sub-graphs, and an argument's nesting.
+MAX_GRAPH_DEPTH = 16
+MAX_ARG_DEPTH = 64
+#: Device types a stored argument may name (``torch.device`` of another type may look up a backend module).
+DEVICE_TYPES = ("cpu", "cuda", "meta", "mps", "xpu", "hpu", "mtia")
+_DEVICE = re.compile(rf"(?:{'|'.join(DEVICE_TYPES)})(?::[0-9]{{1,4}})?\Z")
+_OPS = ("placeholder", "call_function", "call_method", "get_attr", "call_module", "output")
 
 #: Tagged torch enums by tag, then by name, read once from ``vars(torch)``: a stored name is looked up here, never
 #: through ``getattr(torch, name)``, which may import a submodule.
@@ -80,20 +97,34 @@ def _resolve_fn(module: str, qualname: str) -> Any:
     return obj
 
 
-def _decode_target(op: str, target: Any) -> Any:
-    if not isinstance(target, dict):
+def _decode_target(op: str, target: Any, where: str, owned: Any) -> Any:
+    """A stored node's target, through the allow-list (:mod:`precompile.artifact.graph_allow`); nothing imported."""
+    if op == "placeholder":
+        if not identifier(target):
+            raise ArtifactFormatError(f"{where}: placeholder target {target!r:.120} is not an identifier")
         return target
-    if "op" in target:
-        qual, _, overload = target["op"].rpartition(".")
-        ns, _, name = qual.partition("::")
-        return getattr(getattr(getattr(torch.ops, ns), name), overload)
-    if "oppacket" in target:
-        ns, _, name = target["oppacket"].partition("::")
-        return getattr(getattr(torch.ops, ns), name)
-    if "hop" in target:
-        return getattr(torch.ops.higher_order, target["hop"])
-    module, _, qualname = target["fn"].partition(":")
-    return _resolve_fn(module, qualname)
+    if op == "output":
+        return "output"
+    if op in ("get_attr", "call_module"):
+        if not isinstance(target, str) or target not in owned:
+            raise ArtifactFormatError(f"{where} reads {target!r:.120}, which is not a sub-graph the stored graph holds")
+        return target
+    if op == "call_method":
+        return target  # checked with its receiver (graph_allow.check_method)
+    if not isinstance(target, dict) or len(target) != 1:
+        raise ArtifactFormatError(f"{where}: target {target!r:.120} is not a stored target ({{\"op\": ...}}, "
+                                  "{\"oppacket\": ...}, {\"hop\": ...} or {\"fn\": ...})")
+    (kind, name), = target.items()
+    if kind == "op" and isinstance(name, str) and "." in name:
+        qual, _, overload = name.rpartition(".")
+        return graph_allow.lookup_op(qual, overload, where)
+    if kind == "oppacket":
+        return graph_allow.lookup_op(name, None, where)
+    if kind == "hop":
+        return graph_allow.lookup_hop(name, where)
+    if kind == "fn":
+        return graph_allow.lookup_function(name, where)
+    raise ArtifactFormatError(f"{where}: target {target!r:.120} is not a stored target")
 
 
 def _encode_arg(value: Any, node: torch.fx.Node, index: dict[torch.fx.Node, int]) -> Any:
@@ -134,38 +165,52 @@ def _encode_arg(value: Any, node: torch.fx.Node, index: dict[torch.fx.Node, int]
     )
 
 
-def decode_arg(value: Any, nodes: list[torch.fx.Node]) -> Any:
+def decode_arg(value: Any, nodes: list[torch.fx.Node], _depth: int = 0) -> Any:
     """One stored argument (the form :func:`graph_to_json` writes) as a value; ``{"$node": i}`` is ``nodes[i]``.
 
     Raises:
-        ValueError: an unknown tag.  KeyError: a dtype, layout or memory format this torch lacks.
+        ArtifactFormatError: an unknown tag or a malformed payload, a reference to a node that is not an earlier
+            one, a dtype, layout or memory format this torch lacks, a device of another type than
+            :data:`DEVICE_TYPES`, or nesting deeper than :data:`MAX_ARG_DEPTH`.
     """
+    if _depth > MAX_ARG_DEPTH:
+        raise ArtifactFormatError(f"a stored argument nests deeper than {MAX_ARG_DEPTH}")
     if isinstance(value, list):
-        return [decode_arg(v, nodes) for v in value]
-    if not isinstance(value, dict):
+        return [decode_arg(v, nodes, _depth + 1) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
         return value
+    if not isinstance(value, dict) or len(value) != 1:
+        raise ArtifactFormatError(f"stored argument {value!r:.80} is not a value, a list or one tagged value")
     (tag, payload), = value.items()
-    if tag == "$node":
+    items = ([decode_arg(v, nodes, _depth + 1) for v in payload]
+             if tag in ("$complex", "$size", "$slice", "$tuple") and isinstance(payload, list) else None)
+    if tag == "$node" and type(payload) is int and 0 <= payload < len(nodes):
         return nodes[payload]
-    if tag == "$float":
+    if tag == "$float" and payload in ("nan", "inf", "-inf"):
         return float(payload)
-    if tag == "$complex":
-        return complex(payload[0], payload[1])
-    if tag in TORCH_NAMES:
+    if tag == "$complex" and items is not None and len(items) == 2 and all(_real(v) for v in items):
+        return complex(items[0], items[1])
+    if tag in TORCH_NAMES and isinstance(payload, str) and payload in TORCH_NAMES[tag]:
         return TORCH_NAMES[tag][payload]
-    if tag == "$device":
+    if tag == "$device" and isinstance(payload, str) and _DEVICE.match(payload):
         return torch.device(payload)
-    if tag == "$size":
-        return torch.Size(decode_arg(payload, nodes))
-    if tag == "$slice":
-        return slice(*decode_arg(payload, nodes))
-    if tag == "$ellipsis":
+    if tag == "$size" and items is not None and all(type(v) is int for v in items):
+        return torch.Size(items)
+    if tag == "$slice" and items is not None and len(items) == 3:
+        return slice(*items)
+    if tag == "$ellipsis" and payload is True:
         return Ellipsis
-    if tag == "$tuple":
-        return tuple(decode_arg(v, nodes) for v in payload)
-    if tag == "$dict":
-        return {decode_arg(k, nodes): decode_arg(v, nodes) for k, v in payload}
-    raise ValueError(f"unknown tag {tag!r} in a serialized graph")
+    if tag == "$tuple" and items is not None:
+        return tuple(items)
+    if tag == "$dict" and isinstance(payload, list) and all(isinstance(p, list) and len(p) == 2 for p in payload):
+        pairs = [(decode_arg(k, nodes, _depth + 1), decode_arg(v, nodes, _depth + 1)) for k, v in payload]
+        if all(k is None or isinstance(k, (bool, int, float, str)) for k, _ in pairs):
+            return dict(pairs)
+    raise ArtifactFormatError(f"stored argument {value!r:.80} is not a valid {tag!r:.40} value")
+
+
+def _real(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def graph_to_json(gm: torch.fx.GraphModule) -> dict[str, Any]:
@@ -204,37 +249,78 @@ def graph_to_json(gm: torch.fx.GraphModule) -> dict[str, Any]:
     return {"schema": GRAPH_SCHEMA, "nodes": nodes, "submodules": submodules}
 
 
-def graph_from_json(data: dict[str, Any]) -> torch.fx.GraphModule:
-    """Rebuild a ``GraphModule`` from :func:`graph_to_json` output (inverse up to ``meta``).
+def graph_from_json(data: Any, _depth: int = 0) -> torch.fx.GraphModule:
+    """Rebuild a ``GraphModule`` from :func:`graph_to_json` output (inverse up to ``meta``), calling only what the
+    allow-list allows (:mod:`precompile.artifact.graph_allow`); nothing stored is imported or looked up by an
+    attribute walk, and every name that reaches the generated code is an ASCII identifier.
 
     Raises:
-        ValueError: the data is not a serialized graph of a known schema.
-        AttributeError / ImportError: a stored target no longer exists in this torch.
+        ArtifactFormatError: the data is not a serialized graph of a known schema, or a node (named in the message
+            with its op and target) calls, reads or passes something the allow-list does not allow, or is malformed.
+        ConfigError: ``PRECOMPILE_GRAPH_OP_NAMESPACES`` is malformed.
     """
-    if data.get("schema") != GRAPH_SCHEMA:
-        raise ValueError(f"serialized graph schema {data.get('schema')!r} is not {GRAPH_SCHEMA}")
+    if not isinstance(data, dict) or data.get("schema") != GRAPH_SCHEMA:
+        raise ArtifactFormatError(f"a stored FX graph must be an object of schema {GRAPH_SCHEMA}")
+    if _depth > MAX_GRAPH_DEPTH:
+        raise ArtifactFormatError(f"a stored FX graph nests sub-graphs deeper than {MAX_GRAPH_DEPTH}")
+    subs, specs = data.get("submodules", {}), data.get("nodes")
+    if not isinstance(subs, dict) or not isinstance(specs, list) or not specs:
+        raise ArtifactFormatError("a stored FX graph needs a list of nodes and an object of sub-graphs")
     root = torch.nn.Module()
-    for name, sub in data.get("submodules", {}).items():
-        *path, leaf = name.split(".")
+    for name, sub in subs.items():
+        parts = name.split(".") if isinstance(name, str) else [None]
+        if not all(identifier(p) and not p.startswith("_") for p in parts):
+            raise ArtifactFormatError(f"sub-graph name {name!r:.120} is not a dotted name of identifiers")
         owner = root
-        for part in path:
-            if not hasattr(owner, part):
-                owner.add_module(part, torch.nn.Module())
-            owner = getattr(owner, part)
-        owner.add_module(leaf, graph_from_json(sub))
+        for part in parts[:-1]:
+            if part not in owner._modules:
+                _add_module(owner, part, torch.nn.Module(), name)
+            owner = owner._modules[part]
+        _add_module(owner, parts[-1], graph_from_json(sub, _depth + 1), name)
     graph = torch.fx.Graph()
     nodes: list[torch.fx.Node] = []
-    for spec in data["nodes"]:
-        op = spec["op"]
-        target = _decode_target(op, spec["target"])
-        args = tuple(decode_arg(spec["args"], nodes))
-        kwargs = {k: decode_arg(v, nodes) for k, v in spec["kwargs"].items()}
+    for i, spec in enumerate(specs):
+        if not isinstance(spec, dict) or set(spec) != {"name", "op", "target", "args", "kwargs"}:
+            raise ArtifactFormatError(f"node {i} of a stored FX graph is not a node (name, op, target, args, kwargs)")
+        name, op = spec["name"], spec["op"]
+        where = f"node {i} ({name!r:.60}, {op!r:.20})"
+        if not identifier(name) or op not in _OPS:
+            raise ArtifactFormatError(f"{where}: the name must be an identifier and the op one of {', '.join(_OPS)}")
+        raw_args, raw_kwargs = spec["args"], spec["kwargs"]
+        if not isinstance(raw_args, list) or not isinstance(raw_kwargs, dict) or not all(map(identifier, raw_kwargs)):
+            raise ArtifactFormatError(f"{where}: args must be a list and kwargs an object keyed by identifiers")
+        target = _decode_target(op, spec["target"], where, subs)
+        if op == "call_method":
+            graph_allow.check_method(target, raw_args, where)
+        elif op == "call_function" and spec["target"] == {"fn": "builtins:getattr"}:
+            graph_allow.check_getattr(raw_args, raw_kwargs, where)
+        elif op == "placeholder" and (raw_args or raw_kwargs):
+            raise ArtifactFormatError(f"{where}: a stored placeholder takes no default value")
+        try:
+            args = tuple(decode_arg(raw_args, nodes))
+            kwargs = {k: decode_arg(v, nodes) for k, v in raw_kwargs.items()}
+        except ArtifactFormatError as err:
+            raise ArtifactFormatError(f"{where}: {err}") from None
         if op == "output":
+            if i != len(specs) - 1 or len(args) != 1 or kwargs:
+                raise ArtifactFormatError(f"{where}: the one output node comes last and takes one argument")
             node = graph.output(args[0])
         else:
-            node = graph.create_node(op, target, args, kwargs, name=spec["name"])
+            node = graph.create_node(op, target, args, kwargs, name=name)
         nodes.append(node)
-    return torch.fx.GraphModule(root, graph)
+    if nodes[-1].op != "output":
+        raise ArtifactFormatError("a stored FX graph must end with its output node")
+    try:
+        return torch.fx.GraphModule(root, graph)
+    except Exception as err:  # noqa: BLE001 - FX's code generation of a graph it was not meant to see, any way it fails
+        raise ArtifactFormatError(f"a stored FX graph does not make a module: {type(err).__name__}: {err}") from None
+
+
+def _add_module(owner: torch.nn.Module, part: str, module: torch.nn.Module, name: str) -> None:
+    try:
+        owner.add_module(part, module)
+    except KeyError as err:  # a name torch.nn.Module uses itself: "forward", "training"...
+        raise ArtifactFormatError(f"sub-graph name {name!r:.120} is taken by the module itself: {err}") from None
 
 
 def canonical_graph(data: dict[str, Any]) -> dict[str, Any]:

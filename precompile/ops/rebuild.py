@@ -10,6 +10,12 @@ compiled outputs (and the inputs the graph writes to) against the rebuilt graph 
 and stores the result under its new key: the key this environment computes for the same graph, inputs, options
 and ambient state, so a process here compiling the same model hits it.
 
+The stored graph is data: it comes back through the allow-list of :mod:`precompile.artifact.graph_allow` (ATen,
+prims and registered custom operators by qualified name, torch's own tensor functions and size arithmetic, public
+tensor methods; nothing stored is imported), and a graph naming anything else is refused.  The stored options are
+data too (:mod:`precompile.inductor.stored_options`): one outside its domain (``cpp.march`` that is not an
+architecture name, a path, a program) is refused, logged, and left at this machine's default.
+
 Refused, with the reason, are: symbolic artifacts (their sizes need symbolic fake values on the rebuilt graph,
 which precompile does not make yet: rebuild them by running the model, e.g. ``precompile warmup``), artifacts
 whose stored graph does not hash to their graph factor, artifacts for a device this machine lacks, and artifacts
@@ -30,8 +36,9 @@ import torch
 from cache_backends.base import MISS, Cache, digest_bytes
 from cache_backends.bounded import MAX_MANIFEST_BYTES, loads_json
 from precompile import config
+from precompile.artifact.graph_json import DEVICE_TYPES, TORCH_NAMES
 from precompile.artifact.manifest import Manifest
-from precompile.errors import PrecompileError
+from precompile.errors import ArtifactFormatError, PrecompileError
 from precompile.key import fingerprint, sdpa
 
 log = logging.getLogger("precompile")
@@ -64,31 +71,6 @@ class Refused(PrecompileError):
     """An artifact precompile cannot rebuild from what it stores (the message says why)."""
 
 
-#: Python callables a stored graph may call in a rebuild under ``PRECOMPILE_REQUIRE_NO_HOST_CODE`` without verify
-#: keys (besides ATen operators and higher-order ops, which are not imported by name): size arithmetic.
-PLAIN_CALLABLES = tuple(f"_operator:{n}" for n in (
-    "add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "neg", "pos", "abs", "eq", "ne", "lt", "le", "gt", "ge",
-    "and_", "or_", "xor", "not_", "getitem")) + ("math:ceil", "math:floor", "math:sqrt")
-
-
-def stored_callables(graph_json: Any) -> set[str]:
-    """The ``module:qualname`` of every Python callable a stored FX graph (:mod:`precompile.artifact.graph_json`)
-    and its submodules call, read from the JSON without importing anything."""
-    out: set[str] = set()
-    todo = [graph_json]
-    while todo:
-        g = todo.pop()
-        if not isinstance(g, dict):
-            continue
-        for node in g.get("nodes") or []:
-            target = node.get("target") if isinstance(node, dict) else None
-            if isinstance(target, dict) and "fn" in target:
-                out.add(str(target["fn"]))
-        subs = g.get("submodules")
-        todo.extend(subs.values() if isinstance(subs, dict) else [])
-    return out
-
-
 def example_inputs(manifest: Manifest, seed: int = 0) -> list[Any]:
     """One input per placeholder, as its spec records it: tensors of the recorded shape, stride, dtype and device
     (floats seeded random, integers and bools zero), numbers their recorded value.
@@ -104,9 +86,11 @@ def example_inputs(manifest: Manifest, seed: int = 0) -> list[Any]:
             if any(not isinstance(d, int) for d in dims):
                 raise Refused(f"input {spec['name']} has a symbolic size")
             device = spec["device"]
+            if device not in ("cpu", "cuda"):
+                raise Refused(f"input {spec['name']!r:.60} is on device {device!r:.40}, not cpu or cuda")
             if device == "cuda" and not torch.cuda.is_available():
                 raise Refused("it was built for CUDA and this machine has no GPU")
-            dtype = getattr(torch, spec["dtype"])
+            dtype = _dtype(spec["dtype"])
             t = torch.empty_strided(spec["shape"], spec["stride"], dtype=dtype, device=device)
             if t.is_floating_point() or t.is_complex():
                 t.copy_(torch.randn(t.shape, generator=gen, dtype=torch.float32).to(dtype))
@@ -120,6 +104,38 @@ def example_inputs(manifest: Manifest, seed: int = 0) -> list[Any]:
     return out
 
 
+def _dtype(name: Any) -> torch.dtype:
+    """The dtype a manifest names (``"float32"``), from torch's table of dtypes: never ``getattr(torch, name)``,
+    which may import a submodule.
+
+    Raises:
+        Refused: no dtype has that name.
+    """
+    found = TORCH_NAMES["$dtype"].get(name) if isinstance(name, str) else None
+    if found is None:
+        raise Refused(f"it names dtype {name!r:.40}, which this torch does not have")
+    return found
+
+
+def check_ambient(recorded: Any) -> None:
+    """Check a manifest's ambient state before :func:`ambient` restores it: dtypes by name, autocast on known
+    device types, a CPU thread count of 1 to 4096.
+
+    Raises:
+        Refused: naming the value that is outside these.
+    """
+    if not isinstance(recorded, dict):
+        raise Refused("its ambient state is not an object")
+    autocast = recorded.get("autocast") or {}
+    if not isinstance(autocast, dict) or not set(autocast) <= set(DEVICE_TYPES):
+        raise Refused(f"its ambient autocast {autocast!r:.80} is not for device types {', '.join(DEVICE_TYPES)}")
+    for dtype in [*autocast.values(), *([recorded["default_dtype"]] if "default_dtype" in recorded else [])]:
+        _dtype(dtype)
+    threads = recorded.get("cpu_threads", 1)
+    if type(threads) is not int or not 1 <= threads <= 4096:
+        raise Refused(f"its ambient CPU thread count {threads!r:.40} is not 1 to 4096")
+
+
 @contextlib.contextmanager
 def ambient(recorded: dict[str, Any]) -> Iterator[None]:
     """Run the block under the ambient state a manifest recorded (:mod:`precompile.key.ambient`), restored after."""
@@ -131,9 +147,9 @@ def ambient(recorded: dict[str, Any]) -> Iterator[None]:
         with contextlib.ExitStack() as stack:
             stack.enter_context(torch.set_grad_enabled(bool(recorded.get("grad_enabled", True))))
             for device, dtype in (recorded.get("autocast") or {}).items():
-                stack.enter_context(torch.autocast(device, dtype=getattr(torch, dtype)))
+                stack.enter_context(torch.autocast(device, dtype=_dtype(dtype)))
             if "default_dtype" in recorded:
-                torch.set_default_dtype(getattr(torch, recorded["default_dtype"]))
+                torch.set_default_dtype(_dtype(recorded["default_dtype"]))
             if "deterministic" in recorded:
                 enabled, warn_only, fill = recorded["deterministic"]
                 torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
@@ -199,6 +215,7 @@ def rebuild_one(cache: Cache, key: str, *, force: bool = False) -> Outcome:
     from precompile.artifact import trust
 
     policy = trust.policy(cache)  # before anything is read: a key setting that names no key is an error
+    config.graph_op_namespaces()  # likewise a malformed setting of the graph allow-list
     digest = cache.get_ref(key)
     raw = cache.get_blob(digest, MAX_MANIFEST_BYTES) if digest is not MISS else MISS
     if raw is MISS:
@@ -233,30 +250,29 @@ def rebuild_one(cache: Cache, key: str, *, force: bool = False) -> Outcome:
         graph_json = loads_json(graph_blob, graph_size, "stored FX graph")  # type: ignore[arg-type]
         if digest_bytes(canonical_json(canonical_graph(graph_json))) != factors.get("graph"):
             raise Refused("its stored FX graph does not hash to its graph factor")
-        if policy.no_host_code and not policy.required:
-            if beyond := sorted(stored_callables(graph_json) - set(PLAIN_CALLABLES)):
-                raise Refused(f"its graph calls {', '.join(beyond[:3])}: a rebuild would import and run them, and "
-                              "PRECOMPILE_REQUIRE_NO_HOST_CODE is set without verify keys (configure the builders' "
-                              "verify keys to rebuild what they signed)")
+        try:  # the allow-list (precompile.artifact.graph_allow): ATen and registered custom ops, torch's own functions
+            gm = graph_from_json(graph_json)
+        except ArtifactFormatError as err:
+            raise Refused(f"its stored graph is refused: {err}") from None
         inputs = example_inputs(manifest)
+        check_ambient(factors.get("ambient") or {})
     except Refused as err:
         return done("refused", str(err))
     except (PrecompileError, KeyError, TypeError, ValueError) as err:
         return done("failed", f"the stored artifact cannot be read: {type(err).__name__}: {err}")
-    try:
-        gm = graph_from_json(graph_json)
-    except (ValueError, AttributeError, ImportError, TypeError, RuntimeError) as err:
-        return done("failed", f"the stored graph does not rebuild with this torch: {type(err).__name__}: {err}")
     in_spec, out_spec = (list(factors.get("calling") or []) + [None, None])[:2]
     norm = NormalizedGraph(gm, [Placeholder(p["name"], p["kind"], p.get("fqn")) for p in manifest.placeholders],
                            {}, in_spec, out_spec)
     from precompile.inductor import options as inductor_options
-    from precompile.inductor import shim
+    from precompile.inductor import shim, stored_options
     from precompile.key.ambient import ambient_state
 
+    stored, refused = stored_options.within_domain(factors.get("options") or {}, shim.config_entries())
+    for err in refused:  # data, not settings: what lies outside its domain never reaches Inductor
+        log.warning("rebuild of %s: %s; using this machine's default for it", key[:12], err)
     with ambient(factors.get("ambient") or {}):
         try:
-            opts = inductor_options.with_workarounds(inductor_options.inductor_config_overrides(factors.get("options")))
+            opts = inductor_options.with_workarounds(inductor_options.inductor_config_overrides(stored))
             effective = inductor_options.effective_config(opts)
         except (KeyError, TypeError) as err:
             return done("refused", f"its options are not valid Inductor options here: {err}")
@@ -290,6 +306,8 @@ def rebuild_one(cache: Cache, key: str, *, force: bool = False) -> Outcome:
     if not store(cache, art):
         return done("failed", f"could not be stored in {cache.url} (see the log)", new_key)
     what = ", ".join(f"{f} {factors['env'].get(f)!r} -> {env.get(f)!r}" for f in changed) or "forced"
+    if refused:
+        what += f"; {len(refused)} stored option(s) refused, this machine's defaults used ({refused[0]})"
     return done("rebuilt", what, new_key)
 
 

@@ -154,6 +154,8 @@ def test_real_vllm_cold_then_fresh_process_hits_everything(tmp_path):
     warm = _start(model, backend, tmp_path / "new-machine", cache)
     after_warm = open_cache(cache).counters()
     assert after_cold["builds"] >= 1 and after_cold["misses"] == after_cold["builds"]
+    # every stored piece comes back through the stored-graph allow-list (vLLM's _C and vllm ops registered here)
+    assert _round_trip_stored_graphs(cache) == {"graphs": after_cold["builds"], "same": after_cold["builds"]}
     hits = after_warm["hits"] - after_cold["hits"]
     assert hits == after_cold["builds"], (after_cold, after_warm)
     assert after_warm["misses"] == after_cold["misses"] and after_warm["builds"] == after_cold["builds"]
@@ -188,6 +190,25 @@ def _start(model: str, kwargs: dict, dirs, cache: str | None) -> dict:
     out = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("{")][-1])
     out["log"] = proc.stderr
     return out
+
+
+def _round_trip_stored_graphs(cache: str) -> dict:
+    """In a fresh vLLM process: every stored graph artifact's FX graph through ``graph_from_json`` and back."""
+    code = (
+        "import json, sys\n"
+        "import vllm._custom_ops, vllm.model_executor.layers.attention.attention\n"  # registers _C:: and vllm::
+        "from cache_backends.registry import open_cache\n"
+        "from precompile.artifact.graph_json import graph_from_json, graph_to_json\n"
+        "from precompile.store.lookup import stored_manifests\n"
+        "c = open_cache(sys.argv[1])\n"
+        "out = {'graphs': 0, 'same': 0}\n"
+        "for key, m in stored_manifests(c):\n"
+        "    if m and m.get('kind') is None:\n"
+        "        data = json.loads(c.get_blob(m['parts']['fx_graph']['graph']))\n"
+        "        out['graphs'] += 1\n"
+        "        out['same'] += graph_to_json(graph_from_json(data)) == data\n"
+        "print(json.dumps(out))\n")
+    return _run(code, cache, timeout=300)
 
 
 def _run(code: str, *args: str, timeout: float) -> dict:
