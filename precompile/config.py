@@ -139,18 +139,6 @@ def require_no_host_code() -> bool:
     raise ConfigError(f"PRECOMPILE_REQUIRE_NO_HOST_CODE must be 1 or 0 (true/false, yes/no, on/off), got {value!r}")
 
 
-#: Set by precompile's vLLM platform in a process whose vLLM config names the backend "precompile", for the
-#: engine processes it starts (they inherit the environment): vLLM asks the platform for the compiler where no
-#: config is current (its AOT load), and the platform answers from this.
-VLLM_BACKEND_MARK = "PRECOMPILE_VLLM_BACKEND_IN_USE"
-
-
-def vllm_backend_marked() -> bool:
-    """Whether this process or the one that started it configured vLLM with the backend "precompile"
-    (:data:`VLLM_BACKEND_MARK`)."""
-    return os.environ.get(VLLM_BACKEND_MARK) == "1"
-
-
 def vllm_platform_enabled() -> bool:
     """``PRECOMPILE_VLLM_PLATFORM``: False for ``0``/``false``/``no``/``off`` (precompile's vLLM platform plugin then
     stays inactive), True for ``1``/``true``/``yes``/``on`` or when unset or empty.

@@ -221,6 +221,7 @@ def pack(carry: Path, part_mib: int) -> int:
     manifest = _cut(bundle, carry, part_mib, {"vllm": VLLM, "wheels": sorted(w.name for w in wheels.glob("*.whl"))})
     shutil.rmtree(work)
     pack_redis(carry / "redis")
+    parts = manifest["parts"]
     print(f"{len(manifest['wheels'])} wheels + redis-server: {manifest['bytes'] / 2**20:.1f} MiB in {len(parts)} parts "
           f"under {carry}")
     for p in parts:

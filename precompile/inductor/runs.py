@@ -70,11 +70,20 @@ _VIEWS = {"view", "reshape", "_unsafe_view", "unflatten", "flatten", "transpose"
 
 
 def _op_name(node: torch.fx.Node) -> str | None:
+    """The name of a tensor method, of an ATen operator, or of a function of torch's own (``torch.empty``,
+    ``operator.getitem``); None for anything else: a custom operator named ``empty`` or ``view`` is not one."""
     if node.op == "call_method":
         return str(node.target)
-    if node.op == "call_function":
-        packet = getattr(node.target, "_overloadpacket", None)
-        return getattr(packet if packet is not None else node.target, "__name__", None)
+    if node.op != "call_function":
+        return None
+    target = node.target
+    packet = getattr(target, "_overloadpacket", target)
+    qualified = getattr(packet, "_qualified_op_name", None)
+    if qualified is not None:
+        return qualified.split("::", 1)[1] if qualified.startswith("aten::") else None
+    module = getattr(target, "__module__", None) or ""
+    if module == "_operator" or module.split(".")[0] == "torch":
+        return getattr(target, "__name__", None)
     return None
 
 

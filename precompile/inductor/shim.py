@@ -102,10 +102,11 @@ def standalone_compile(gm: torch.fx.GraphModule, example_inputs: list[Any], dyna
         example_inputs = tracing_fakes(example_inputs)
     from torch._functorch import config as functorch_config
 
-    # the backward of a training graph compiled now, not at its first call: torch 2.11's AOTAutograd cache saves a
-    # training graph's entry only once its backward is compiled (2.13 saves it either way), so without this a
-    # training graph had no entry to store
-    with functorch_config.patch(force_non_lazy_backward_lowering=True):
+    # torch 2.11: the backward of a training graph compiled now, not at its first call; its AOTAutograd cache saves a
+    # training graph's entry only once its backward is compiled, so without this a training graph had no entry to
+    # store (2.12 and later store both without it)
+    eager_backward = tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2]) < (2, 12)
+    with functorch_config.patch(force_non_lazy_backward_lowering=eager_backward):
         art = torch._inductor.standalone_compile(gm, example_inputs, dynamic_shapes=dynamic_shapes,
                                                  options={"config_patches": dict(config_patches)})
     artifacts = getattr(art, "_artifacts", None)

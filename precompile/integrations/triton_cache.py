@@ -119,8 +119,16 @@ def __getattr__(name: str) -> Any:
 
 def _launcher(filename: str) -> bool:
     """A kernel launcher Triton built with the host compiler (``__triton_launcher.cpython-312-....so``: one per
-    kernel signature, about 0.25 s of gcc each on a new machine), where host code may be loaded."""
-    return filename.endswith(".so") and bool(NAME.match(filename)) and not config.require_no_host_code()
+    kernel signature, about 0.25 s of gcc each on a new machine), where host code may be loaded.  A
+    ``PRECOMPILE_REQUIRE_NO_HOST_CODE`` that cannot be read counts as set (warned once): never an error into
+    Triton."""
+    if not (filename.endswith(".so") and NAME.match(filename)):
+        return False
+    try:
+        return not config.require_no_host_code()
+    except Exception as err:  # noqa: BLE001 - a bad setting refuses host code; Triton builds its own launcher
+        _warn(f"precompile's Triton cache leaves launchers out: {err}")
+        return False
 
 
 def factors(key: str, filename: str) -> dict[str, Any]:
@@ -153,8 +161,6 @@ def restore(manager: Any, filename: str) -> bool:
         safe_incr(cache, record_misses=1)
         return False
     files = check_files(found.data, filename)
-    if filename.endswith(".so") and set(files) != {filename}:
-        raise ValueError("a launcher's record names other files")
     blobs = cache.get_blobs([f["digest"] for f in files.values()],
                             {f["digest"]: f["size"] for f in files.values()})
     if any(not isinstance(blobs.get(f["digest"]), bytes) for f in files.values()):
@@ -172,9 +178,12 @@ def restore(manager: Any, filename: str) -> bool:
 
 
 def check_files(data: Any, filename: str) -> dict[str, dict[str, Any]]:
-    """``data["files"]`` of a kernel record if it is ``{name: {"digest": 64 hex, "size": bytes}}`` with plain
-    names of Triton's extensions (:data:`NAME`), at most :data:`MAX_FILES`, each at most :data:`MAX_FILE_BYTES`
-    and :data:`MAX_GROUP_BYTES` in all, ``filename`` among them.
+    """``data["files"]`` of a record if it is ``{name: {"digest": 64 hex, "size": bytes}}`` with plain names of
+    Triton's extensions (:data:`NAME`), at most :data:`MAX_FILES`, each at most :data:`MAX_FILE_BYTES` and
+    :data:`MAX_GROUP_BYTES` in all, and holding exactly what Triton asked for: for a launcher (``filename`` a
+    ``.so``) that one file; for a kernel (``filename`` its ``<stem>.json``) files named ``<stem>.<ext>`` only, no
+    ``.so`` among them, and a kernel binary (``.cubin``, ``.hsaco`` or ``.spv``), so that what is written is what
+    Triton loads for that kernel and nothing else.
 
     Raises:
         ValueError: it is not; the message says what is wrong (never quoting the record's bytes).
@@ -182,6 +191,17 @@ def check_files(data: Any, filename: str) -> dict[str, dict[str, Any]]:
     files = data.get("files") if isinstance(data, dict) else None
     if not isinstance(files, dict) or not 0 < len(files) <= MAX_FILES or filename not in files:
         raise ValueError("not a Triton kernel's file list")
+    if filename.endswith(".so"):
+        if len(files) != 1:
+            raise ValueError("a launcher's record names other files")
+    else:
+        stem = filename[: -len(".json")]
+        names = [n for n in files if isinstance(n, str)]
+        if len(names) != len(files) or any(n.rsplit(".", 1)[0] != stem or n.endswith(".so") for n in names):
+            raise ValueError(f"a kernel's record names files of another kernel or a shared object ({len(files)} "
+                             "files)")
+        if not any(n.endswith((".cubin", ".hsaco", ".spv")) for n in names):
+            raise ValueError("a kernel's record has no kernel binary")
     total = 0
     for name, f in files.items():
         if not (isinstance(name, str) and NAME.match(name) and isinstance(f, dict) and set(f) == {"digest", "size"}
@@ -244,7 +264,8 @@ def _guarded(fn: Any, *args: Any) -> bool:
 
 
 def _warn(message: str) -> None:
-    kind = message.split("(")[0]
+    """Log ``message`` once per process (per text before its first parenthesis, which names the failure)."""
+    kind = message.split("(")[0] + (message.split("(")[1].split(":")[0] if "(" in message else "")
     if kind not in _warned:
         _warned.add(kind)
         log.warning("%s", message)

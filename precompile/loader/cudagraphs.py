@@ -69,6 +69,7 @@ class CudaGraphRunner:
         self._graphs: dict[tuple[Any, ...], _Recorded] = {}
         self._warmed: set[tuple[Any, ...]] = set()
         self._failed: set[tuple[Any, ...]] = set()
+        self._failed_graphs: list[torch.cuda.CUDAGraph] = []
         self._lock = threading.Lock()
         self._pool: Any = None
         self._stream: Any = None
@@ -114,6 +115,10 @@ class CudaGraphRunner:
             # the allocator may free the failed capture's pool (its last reference is gone) but not reuse it:
             # later captures take a new one
             self._pool = None
+            # kept alive: torch 2.13's pinned-memory allocator may still hold a filter that reads this graph (its
+            # routing is ended only by a capture that ended, and Python cannot end it); one per failed signature
+            if len(self._failed_graphs) < 4 * MAX_GRAPHS:
+                self._failed_graphs.append(graph)
             log.warning("%s cannot be recorded as a CUDA graph (%s: %s); it runs without one", self.name,
                         type(err).__name__, err)
             return None
@@ -130,13 +135,14 @@ def capture(graph: torch.cuda.CUDAGraph, fn: Callable[..., Any], inputs: list[An
 
     Unlike ``torch.cuda.graph``, a capture that fails (``fn`` synchronizes, copies to the host, or raises) leaves
     the process as it was before the call: ``torch.cuda.graph``'s exit raises out of ``capture_end`` before it
-    restores the caller's stream, the CUDA generator stays in capture mode (every later random op fails with
-    "Offset increment outside graph capture encountered unexpectedly", torch 2.11), and the caching allocator
-    keeps recording the capturing stream into ``pool``.  Here the caller's stream is restored by the stream
-    context, the default generator gets back a copy of its state from before the capture (same seed and offset,
-    not capturing: ``Generator.graphsafe_set_state``), and the allocator's part is undone
-    (:func:`precompile.inductor.shim.abandon_pool_capture`).  The capture's error mode is ``thread_local``:
-    another thread's CUDA work during the capture is not an error of this capture.
+    restores the caller's stream, the CUDA generator's state stays in capture mode (torch 2.11: every later random
+    op, and every replay of a graph captured earlier, which holds the same state, fails with "Offset increment
+    outside graph capture encountered unexpectedly"), and the caching allocator keeps recording the capturing
+    stream into ``pool``.  Here the caller's stream is restored by the stream context; the generator's state is
+    taken out of capture mode by one trivial capture that ends (:func:`_end_generator_capture`: its prologue and
+    epilogue run on the same state, seed and offset untouched); and the allocator's part is undone
+    (:func:`precompile.inductor.shim.abandon_pool_capture`).  The capture's error mode is ``thread_local``: another
+    thread's CUDA work during the capture is not an error of this capture.
 
     Raises:
         RuntimeError (or whatever ``fn`` raised): the capture failed; the state above is restored first.
@@ -144,8 +150,7 @@ def capture(graph: torch.cuda.CUDAGraph, fn: Callable[..., Any], inputs: list[An
     from precompile.inductor import shim
 
     device = torch.cuda.current_device()
-    generator = torch.cuda.default_generators[device]
-    rng = generator.clone_state()
+    rng = torch.cuda.default_generators[device].clone_state()
     caller = torch.cuda.current_stream()
     torch.cuda.synchronize()
     stream.wait_stream(caller)
@@ -157,11 +162,41 @@ def capture(graph: torch.cuda.CUDAGraph, fn: Callable[..., Any], inputs: list[An
             finally:
                 graph.capture_end()
     except BaseException:
-        generator.graphsafe_set_state(rng)
         shim.abandon_pool_capture(device, pool)  # a no-op where the capture got as far as ending it
+        _end_generator_capture(device, stream, rng)
         raise
     caller.wait_stream(stream)
     return outputs
+
+
+def _end_generator_capture(device: int, stream: torch.cuda.Stream, rng: torch.Generator) -> None:
+    """After a failed capture on ``device``: take the default CUDA generator's state out of capture mode.
+
+    One trivial capture on ``stream`` (a kernel on a scratch tensor, into a pool of its own) that ends: torch 2.11
+    registers the default generator's state with every capture, runs its capture prologue at the start and its
+    epilogue at the end (aten/src/ATen/cuda/CUDAGraph.cpp), so the same state object, held by the generator and by
+    the graphs captured before, leaves capture mode with its seed and offset as they were.  Then a random draw
+    checks it (and the generator's seed and offset are set back after it).  Should either fail, the generator
+    gets ``rng`` (a copy of its state taken before the capture, not capturing) in place of its state: eager random
+    ops work again, though graphs captured before keep the stuck one."""
+    generator = torch.cuda.default_generators[device]
+    try:
+        scratch = torch.zeros(1, device=device)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(stream):
+            graph.capture_begin(pool=torch.cuda.graph_pool_handle(), capture_error_mode="thread_local")
+            try:
+                scratch.add_(1)
+            finally:
+                graph.capture_end()
+        del graph
+        state = generator.get_state()
+        torch.rand(1, device=device)
+        generator.set_state(state)
+    except Exception as err:  # noqa: BLE001 - the fallback below still makes random ops work
+        log.warning("the CUDA generator could not be taken out of capture mode (%s: %s); it gets a fresh copy of "
+                    "its state", type(err).__name__, err)
+        generator.graphsafe_set_state(rng)
 
 
 def _signature(a: Any) -> Any:

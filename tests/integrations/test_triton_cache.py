@@ -78,9 +78,10 @@ def test_inductor_kernels_are_not_shared(tmp_path):
     assert _run(tmp_path, "b", "load", "triton_poi_fused_add_0", cache)["group"] is None
 
 
-def test_a_planted_record_with_a_path_for_a_name_writes_nothing_outside(tmp_path):
-    """An unsigned cache's writer plants the kernel's record with a file named ``../../x.json``: refused as a
-    whole (Triton compiles), and nothing is written outside the kernel's own directory."""
+def test_a_planted_record_naming_other_files_writes_nothing(tmp_path):
+    """An unsigned cache's writer plants the kernel's record with a file named ``../../x.json``, with a ``.so`` in
+    the kernel's group, or with another kernel's file: each refused as a whole (Triton compiles), and nothing is
+    written, in the kernel's directory or outside it."""
     from cache_backends.registry import open_cache
     from precompile.store import record
 
@@ -89,12 +90,19 @@ def test_a_planted_record_with_a_path_for_a_name_writes_nothing_outside(tmp_path
     c = open_cache(cache)
     (key, digest), = list(c.iter_refs())
     doc = json.loads(c.get_blob(digest))
-    files = doc["data"]["files"]
-    files["../../x.json"] = files.pop("k.cubin")
-    c.set_ref(key, c.put_blob(json.dumps(doc).encode()))
-    assert record.read(c, key, "triton_kernel") is not None  # well-formed as a record: the file list is refused
-    assert _run(tmp_path, "b", "load", "k", cache)["group"] is None
-    assert not (tmp_path / "x.json").exists() and not list(tmp_path.glob("b/*/x.json"))
+    good = json.loads(json.dumps(doc))
+    for machine, plant in (("b", {"../../x.json": "k.cubin"}),  # a path
+                           ("c", {"evil.so": "k.cubin"}),  # host code inside a kernel's group
+                           ("d", {"other.cubin": "k.cubin"})):  # another kernel's file (and no binary of its own)
+        doc = json.loads(json.dumps(good))
+        files = doc["data"]["files"]
+        for new_name, old_name in plant.items():
+            files[new_name] = files.pop(old_name)
+        c.set_ref(key, c.put_blob(json.dumps(doc).encode()))
+        assert record.read(c, key, "triton_kernel") is not None  # well-formed as a record: its file list is refused
+        assert _run(tmp_path, machine, "load", "k", cache)["group"] is None, plant
+        assert not list(tmp_path.glob(f"{machine}/**/*.so")) and not list(tmp_path.glob(f"{machine}/**/other.cubin"))
+    assert not (tmp_path / "x.json").exists() and not list(tmp_path.glob("*/x.json"))
 
 
 def test_a_kernel_launcher_is_shared_but_not_where_host_code_is_refused(tmp_path):
@@ -105,3 +113,18 @@ def test_a_kernel_launcher_is_shared_but_not_where_host_code_is_refused(tmp_path
     made = _run(tmp_path, "a", "compile", name, cache)
     assert _run(tmp_path, "b", "load", name, cache) == {"manager": "PrecompileTritonCache", "so": made["so"]}
     assert _run(tmp_path, "c", "load", name, cache, PRECOMPILE_REQUIRE_NO_HOST_CODE="1")["so"] is None
+
+
+def test_with_verify_keys_only_a_signed_kernel_is_restored(tmp_path):
+    """Workers with verify keys take a kernel a builder signed, and refuse one signed by no key of theirs (Triton
+    then compiles it): a cubin is code the GPU runs."""
+    from precompile.artifact import trust
+
+    cache = "file://" + str(tmp_path / "pc")
+    public = trust.generate_key(tmp_path / "builder.pem")
+    other = trust.generate_key(tmp_path / "other.pem")
+    made = _run(tmp_path, "a", "compile", "k", cache, PRECOMPILE_SIGNING_KEY=str(tmp_path / "builder.pem"),
+                PRECOMPILE_VERIFY_KEYS=public)
+    got = _run(tmp_path, "b", "load", "k", cache, PRECOMPILE_VERIFY_KEYS=public)
+    assert got["group"]["k.cubin"]["data"] == made["cubin"]
+    assert _run(tmp_path, "c", "load", "k", cache, PRECOMPILE_VERIFY_KEYS=other)["group"] is None

@@ -28,6 +28,16 @@ if INSTALLED is None and os.environ.get("PRECOMPILE_REQUIRE_VLLM") == "1":
 needs_vllm = pytest.mark.skipif(INSTALLED is None, reason=WHY + "; see tools/install_vllm_cpu.sh")
 
 
+@pytest.fixture(autouse=True)
+def _environment_restored():
+    """A VllmConfig made here runs precompile's platform, which sets variables for vLLM's engine processes
+    (``VLLM_USE_MEGA_AOT_ARTIFACT``): none of them outlives the test."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
 @pytest.mark.parametrize("version", shim.SUPPORTED)
 def test_shim_reaches_vllm(version):
     """Every vLLM API the adaptor, the AOT wrap and the registry plugin use is found, and behaves, in ``version``."""

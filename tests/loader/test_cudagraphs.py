@@ -73,3 +73,28 @@ def test_a_graph_that_cannot_be_captured_runs_without_one_and_leaves_the_process
         y = torch.randn(6, device="cuda")
         assert torch.equal(runner(y)[0], y * 3)
     assert runner.replays == 2 and len(runner._graphs) == 1
+
+
+def test_a_failed_capture_leaves_graphs_recorded_before_it_replaying():
+    """torch 2.11: every capture holds the default generator's state, and a failed one left it in capture mode, so a
+    graph recorded earlier raised on its next replay.  Recorded for 6, failed for 5: 6 still replays, and random
+    ops draw as before."""
+    def syncs_for_five(x):
+        if x.shape[0] == 5:
+            return (x * float(x.sum().item()),)
+        return (x * 3,)
+
+    runner = CudaGraphRunner(syncs_for_five, name="syncs")
+    six = torch.randn(6, device="cuda")
+    for _ in range(2):
+        runner(six)  # a warm-up, then recorded
+    assert len(runner._graphs) == 1
+    five = torch.randn(5, device="cuda")
+    for _ in range(2):
+        assert torch.equal(runner(five)[0], syncs_for_five(five)[0])  # a warm-up, then a failed capture
+    replays = runner.replays
+    assert torch.equal(runner(six)[0], six * 3) and runner.replays == replays + 1
+    torch.cuda.manual_seed(3)
+    a = torch.randn(4, device="cuda")
+    torch.cuda.manual_seed(3)
+    assert torch.equal(torch.randn(4, device="cuda"), a)

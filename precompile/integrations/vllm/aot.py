@@ -88,9 +88,15 @@ def load_through_cache(original: Any, model: Any, path: str) -> Any:
     Never raises for a cache's sake: a cache that fails or holds nothing leaves vLLM's own behaviour."""
     cc = getattr(getattr(model, "vllm_config", None), "compilation_config", None)
     entry = entry_name(path)
-    cache = _cache() if getattr(cc, "backend", None) == "precompile" and entry else None
+    ours = getattr(cc, "backend", None) == "precompile"
+    cache = _cache() if ours and entry else None
     if cache is None:
-        return original(model, path)
+        if not ours:
+            return original(model, path)
+        from precompile.integrations.vllm.platform import loading_for_precompile
+
+        with loading_for_precompile():  # the adaptor still compiles the pieces, uncached or from the cache
+            return original(model, path)
     from precompile.metrics import safe_incr
 
     t0 = time.perf_counter()
@@ -102,7 +108,10 @@ def load_through_cache(original: Any, model: Any, path: str) -> Any:
     if not os.path.exists(path):
         restored = _restore(cache, key, path)
     t1 = time.perf_counter()
-    fn = original(model, path)
+    from precompile.integrations.vllm.platform import loading_for_precompile
+
+    with loading_for_precompile():  # vLLM 0.25 asks for the pieces' compiler here with no vLLM config current
+        fn = original(model, path)
     if fn is not None:
         if restored:
             safe_incr(cache, function_hits=1)

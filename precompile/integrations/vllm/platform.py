@@ -26,9 +26,13 @@ configuration.  (The adaptor wraps one function of vLLM's compile path, its AOT 
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import importlib
 import logging
 import os
+import weakref
+from collections.abc import Iterator
 from typing import Any
 
 log = logging.getLogger("precompile")
@@ -38,8 +42,23 @@ BACKEND = "precompile"
 PREFIX = "Precompile"
 #: Platforms whose vLLM defaults for the backend "inductor" the backend "precompile" takes too.
 GPU_PLATFORMS = ("CUDA", "ROCM", "XPU")
-#: ids of the VllmConfigs between the two platform hooks whose backend stands in as "inductor".
-_as_inductor: set[int] = set()
+#: The VllmConfigs between the two platform hooks whose backend stands in as "inductor": ``{id: weak reference}``
+#: (the reference tells the same object from a later one at the same address, should vLLM raise between the hooks).
+_as_inductor: dict[int, weakref.ref] = {}
+#: Set while vLLM loads its AOT artifact for a model configured with the backend "precompile" (vLLM 0.25 builds
+#: the pieces' compiler there with no vLLM config current): :func:`loading_for_precompile`.
+_AOT_LOAD: contextvars.ContextVar[bool] = contextvars.ContextVar("precompile_vllm_aot_load", default=False)
+
+
+@contextlib.contextmanager
+def loading_for_precompile() -> Iterator[None]:
+    """While vLLM loads the AOT artifact of a model whose backend is "precompile" (:mod:`.aot` wraps the load in
+    this), a compiler asked for with no vLLM config current is the adaptor."""
+    token = _AOT_LOAD.set(True)
+    try:
+        yield
+    finally:
+        _AOT_LOAD.reset(token)
 #: vLLM modules that hold built-in platform classes (searched by class name).
 _PLATFORM_MODULES = ("cpu", "cuda", "rocm", "xpu", "zen_cpu", "tpu")
 
@@ -114,28 +133,26 @@ def wrap_platform(base: type) -> type:
         def apply_config_platform_defaults(cls, vllm_config: Any) -> None:
             super().apply_config_platform_defaults(vllm_config)
             cc = vllm_config.compilation_config
+            for stale in [k for k, ref in _as_inductor.items() if ref() is None]:
+                del _as_inductor[stale]
             if gpu and cc.backend == BACKEND:
                 # what vLLM decides next for its own Inductor backend only (custom ops off, so that Inductor fuses
                 # the native ops; its IR ops wrapped for its Inductor lowering; the fusion defaults that follow from
                 # those), it decides for precompile too: precompile compiles each piece with Inductor, and the
                 # model must compile as under vLLM's default.  check_and_update_config puts the backend back.
                 cc.backend = "inductor"
-                _as_inductor.add(id(vllm_config))
+                _as_inductor[id(vllm_config)] = weakref.ref(vllm_config)
 
         @classmethod
         def check_and_update_config(cls, vllm_config: Any) -> None:
-            from precompile import config as pc_config
-
             cc = vllm_config.compilation_config
-            as_inductor = id(vllm_config) in _as_inductor
-            _as_inductor.discard(id(vllm_config))
+            ref = _as_inductor.pop(id(vllm_config), None)
+            as_inductor = ref is not None and ref() is vllm_config
             if as_inductor:
                 cc.backend = BACKEND
                 log.info("precompile: vLLM's defaults for its Inductor backend apply (custom ops %s)",
                          list(cc.custom_ops))
             wanted, mode = cc.backend == BACKEND, cc.mode
-            if wanted:
-                os.environ[pc_config.VLLM_BACKEND_MARK] = "1"  # for this process and the engine's
             super().check_and_update_config(vllm_config)
             if wanted and os.environ.get("VLLM_USE_MEGA_AOT_ARTIFACT") != "0":
                 # vLLM's "mega" AOT artifact bundles the pieces' Inductor artifacts from vLLM's own adaptor; with
@@ -159,14 +176,14 @@ def wrap_platform(base: type) -> type:
         @classmethod
         def get_compile_backend(cls) -> str:
             # vLLM asks this for a custom backend's compiler (make_compiler) and for the default backend of a
-            # CompilationConfig whose backend is "".  With a current config, its backend decides; without one (vLLM
-            # 0.25 loads its AOT artifact's pieces with none set), whether this process configured "precompile"
-            from precompile import config as pc_config
+            # CompilationConfig whose backend is "".  With a current config, its backend decides; without one, the
+            # adaptor only inside the AOT load of a model configured with "precompile" (vLLM 0.25 builds the pieces'
+            # compiler there with no config set); otherwise the built-in answer ("inductor")
             from precompile.integrations.vllm import shim
 
             config = shim.current_config()
             backend = getattr(getattr(config, "compilation_config", None), "backend", None)
-            if backend == BACKEND or (config is None and pc_config.vllm_backend_marked()):
+            if backend == BACKEND or (config is None and _AOT_LOAD.get()):
                 return ADAPTOR
             return super().get_compile_backend()
 
