@@ -324,7 +324,7 @@ def test_a_buffer_the_graph_never_writes_is_compared_by_layout_only():
 
     def f(x, w):
         out = torch.empty_like(x)  # vLLM's attention layers make the buffer with torch.empty(...)
-        return torch.relu(x @ w), out.view(-1, 4, _graphs.D // 4)  # ... and return a view of it
+        return torch.relu(x @ w), torch.reshape(out, (-1, 4, _graphs.D // 4))  # ... and return a view of it
 
     def written(x, w):
         out = torch.empty_like(x)
