@@ -2,13 +2,15 @@
 replica each, the masters stopped with SIGSTOP (``cluster-node-timeout`` 60 s: no replica is promoted meanwhile).
 Before, a worker that had seen the cluster (so knew every node) spent 10 retries while building the client, each
 asking stalled masters again, then a second pass: 31 s at ``timeout=2``, 86 s at the default, before it compiled
-uncached.  Now each node is asked until its first timeout only, the open gives up, and the opens after it fail at
-once for ``down_s``.  Shown by the connections each stalled master received (counted by the server once resumed),
-not by wall time; the worker's two compiles are right, and nothing was stored."""
+uncached.  Now each node is asked until its first timeout only; the open gives up where every master timed out
+(then the opens after it fail at once for ``down_s`` and the call compiles uncached), and goes on where a replica
+answered all it needed.  Shown by the connections each stalled master received during the open (counted by the
+server once resumed, before the worker goes on), not by wall time; the worker's compile is right."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from conftest import spawn_python
@@ -21,16 +23,26 @@ from pathlib import Path
 from cache_backends import open_cache
 url, go = sys.argv[1], Path(sys.argv[2])
 open_cache(url).get_ref("cd" * 32)  # the cluster seen once: this process knows its nodes
-print("ready", flush=True)
-while not go.exists():
-    time.sleep(0.05)
 gm, inputs = _graphs.graph("dynamo", _graphs.mlp())
 with torch.no_grad():
     want = gm(*inputs)
-art = precompile.standalone_compile(gm, inputs, cache=url)
+print("ready", flush=True)
+while not go.exists():
+    time.sleep(0.05)
+out = {}
+started = time.perf_counter()
+try:  # the open during the stall: what is measured
+    open_cache(url)
+except Exception as err:
+    out["open"] = str(err)
+out["open_s"] = round(time.perf_counter() - started, 2)
+print("opened", flush=True)  # the masters resume now, and what this open asked of them is counted
+while not Path(str(go) + ".counted").exists():
+    time.sleep(0.05)
+art = precompile.standalone_compile(gm, inputs, cache=url)  # after a failed open, its breaker: compiled uncached
 got = art(*inputs)
-out = {"key": art.key, "same": all(torch.allclose(g, w, rtol=1e-4, atol=1e-5) for g, w in zip(got, want))}
-try:  # the next open falls on the open's breaker
+out.update(key=art.key, same=all(torch.allclose(g, w, rtol=1e-4, atol=1e-5) for g, w in zip(got, want)))
+try:  # and the next open falls on it too
     open_cache(url)
 except Exception as err:
     out["again"] = str(err)
@@ -64,16 +76,18 @@ def test_an_open_while_every_master_stalls_asks_each_once_then_compiles_uncached
         n.pause()
     try:
         go.touch()
-        out = json.loads(worker.wait().splitlines()[-1])
-    finally:
+        assert worker.popen.stdout.readline().strip() == "opened"
+    finally:  # at once: a stall past the replicas' repl-timeout would have them connect again, counted here too
         for n in masters:
             n.resume()
-    # counted over a new connection (one more received), so that a reconnect of the clients above, idle through the
-    # stall, is not counted as the worker's
+    # what the open asked of each stalled master, counted before the worker goes on (over a new connection, one
+    # more received: a reconnect of the clients above, idle through the stall, is not the worker's)
     asked = {n.port: connections(n.client()) - 1 - before[n.port] for n in masters}
-    # one ask (one timeout) a master; a connection redis-py opens again at once, before any request, is not one
-    # more timeout, and a loaded machine shows one now and then (CI: 2 on one master of 3).  Before: 9-13 each
-    assert all(v <= 2 for v in asked.values()) and sum(asked.values()) <= len(asked) + 1, asked
-    assert sum(asked.values()) >= 1, asked
-    assert out["same"] and "not trying again" in out.get("again", ""), out
-    assert open_cache(cluster.url()).get_ref(out["key"]) is MISS  # compiled uncached: nothing stored
+    Path(str(go) + ".counted").touch()
+    out = json.loads(worker.wait().splitlines()[-1])
+    assert all(v <= 1 for v in asked.values()), (asked, out)  # before: 9-13 each
+    assert out["same"], out
+    if "open" in out:  # every master it asked timed out: the open gave up, and what follows compiles uncached
+        assert "timed out" in out["open"] and sum(asked.values()) >= 1, out
+        assert "not trying again" in out.get("again", ""), out
+        assert open_cache(cluster.url()).get_ref(out["key"]) is MISS  # nothing stored
