@@ -38,7 +38,9 @@ def context(cache: Any, policy: Any) -> tuple[str, frozenset[str], bool]:
     Raises:
         ConfigError: ``PRECOMPILE_REQUIRE_NO_HOST_CODE`` holds a bad value.
     """
-    return str(cache.url), frozenset(policy.verify), config.require_no_host_code()
+    no_host_code = getattr(policy, "no_host_code", None)  # the call's policy decides it (trust.resolve)
+    return str(cache.url), frozenset(policy.verify), config.require_no_host_code() if no_host_code is None \
+        else bool(no_host_code)
 
 
 def remember(key: str, digest: str | None, ctx: Any, why: str, miss_reason: str | None = None) -> None:
