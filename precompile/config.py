@@ -66,13 +66,19 @@ def local_max_bytes() -> int:
     raw = os.environ.get("PRECOMPILE_CACHE_MAX_BYTES", "").strip()
     if not raw:
         return DEFAULT_LOCAL_MAX_BYTES
+    value = _int_within(raw, 1, None)
+    if value is None:
+        raise ConfigError(f"PRECOMPILE_CACHE_MAX_BYTES must be a positive integer number of bytes, got {raw!r}")
+    return value
+
+
+def _int_within(raw: str, low: int, high: int | None) -> int | None:
+    """``raw`` as an integer from ``low`` to ``high`` (inclusive; None: no upper bound), else None."""
     try:
         value = int(raw)
     except ValueError:
-        value = -1
-    if value <= 0:
-        raise ConfigError(f"PRECOMPILE_CACHE_MAX_BYTES must be a positive integer number of bytes, got {raw!r}")
-    return value
+        return None
+    return value if low <= value and (high is None or value <= high) else None
 
 
 #: Level names ``PRECOMPILE_LOG`` accepts (case-insensitive).
@@ -184,14 +190,13 @@ def metrics_port() -> int | None:
     raw = os.environ.get("PRECOMPILE_METRICS_PORT", "").strip()
     if not raw:
         return None
-    try:
-        port = int(raw)
-    except ValueError:
-        port = 0
-    if not 1 <= port <= 65535:
+    port = _int_within(raw, 1, 65535)
+    if port is None:
         raise ConfigError(f"PRECOMPILE_METRICS_PORT must be a TCP port number from 1 to 65535 (or unset, for no "
                           f"metrics endpoint), got {raw!r}")
     return port
+
+
 def graph_op_namespaces() -> frozenset[str]:
     """``PRECOMPILE_GRAPH_OP_NAMESPACES``: operator namespaces a stored FX graph may call besides ``aten``,
     ``prims`` and the custom-op namespaces registered in this process (:mod:`precompile.artifact.graph_allow`);

@@ -194,6 +194,16 @@ def test_the_serving_workers_expose_the_port_their_metrics_are_served_on():
 
 
 # ------------------------------------------------------------------------------------------- a real worker
+def end(proc: subprocess.Popen, log, *, timeout: float) -> None:
+    """Wait ``timeout`` seconds for ``proc``, asked to stop, to exit, kill it if it has not, and close its log."""
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    log.close()
+
+
 class Worker:
     """``tests/_metrics_worker.py`` in a real process serving its metrics on ``port``."""
 
@@ -223,13 +233,8 @@ class Worker:
                 for f in text_string_to_metric_families(text) for s in f.samples}
 
     def stop(self) -> None:
-        self.proc.stdin.close()
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self._log.close()
+        self.proc.stdin.close()  # the worker exits at the end of its input
+        end(self.proc, self._log, timeout=30)
 
 
 def test_a_workers_scrape_holds_every_metric_the_dashboard_and_the_rules_query(tmp_path):
@@ -321,12 +326,7 @@ class Prometheus:
 
     def stop(self) -> None:
         self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self._log.close()
+        end(self.proc, self._log, timeout=15)
 
 
 def test_prometheus_fires_the_hit_rate_alert_when_a_real_worker_starts_missing(tmp_path):
