@@ -60,7 +60,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tools.fleet import faults as fleet_faults  # noqa: E402
 from tools.fleet.report import print_tables, summary_line  # noqa: E402
-from tools.fleet.storm import run_storm, warm_bytecode  # noqa: E402
+from tools.fleet.storm import mem_available, run_storm, warm_bytecode  # noqa: E402
 from tools.fleet.targets import Target, start_cluster, start_single  # noqa: E402
 
 log = logging.getLogger("bench_fleet")
@@ -106,13 +106,6 @@ def _replica_reads(mode: str) -> tuple[bool, bool]:
     return (accepted if mode == "auto" else mode == "on"), accepted
 
 
-def _mem_available() -> int:
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemAvailable:"):
-            return int(line.split()[1]) * 1024
-    return 0
-
-
 class Bench:
     """One run of the tool: targets started and closed, storms run, everything measured kept in ``result``."""
 
@@ -149,7 +142,7 @@ class Bench:
     def fits(self, n: int) -> bool:
         if self.rss_mib is None:
             return True
-        need, have = n * self.rss_mib * 1.3 * 2**20, _mem_available()
+        need, have = n * self.rss_mib * 1.3 * 2**20, mem_available()
         if need > have:
             log.warning("N=%d skipped: %d workers need about %.1f GiB (peak RSS %.0f MiB each, +30%%), %.1f GiB "
                         "available", n, n, need / 2**30, self.rss_mib, have / 2**30)
@@ -279,7 +272,7 @@ def main(argv=None) -> int:
     started = time.time()
     bench = Bench(a, work)
     bench.result.update(command=" ".join(["python", "tools/bench_fleet.py", *(argv or sys.argv[1:])]),
-                        loadavg_start=os.getloadavg()[0], mem_available_gib=_mem_available() / 2**30)
+                        loadavg_start=os.getloadavg()[0], mem_available_gib=mem_available() / 2**30)
     try:
         log.info("warming bytecode (PYTHONDONTWRITEBYTECODE unset for this and every worker)")
         warm_bytecode(work)

@@ -146,7 +146,7 @@ r = redis.Redis.from_url(url.split("?")[0])
 r.flushall()
 key = precompile.standalone_compile(gm, inputs).key  # the key (compiled without the cache)
 if plant:
-    r.set(f"precompile:lease:{key}", "held by hand", ex=10 * 365 * 86400)
+    r.set(open_cache(url)._lease_key(key), "held by hand", ex=10 * 365 * 86400)
 seconds, got = timed(lambda: precompile.standalone_compile(gm, inputs, cache=url))
 print(json.dumps({"miss_s": seconds, "outcome": got.outcome}))
 """
@@ -171,7 +171,7 @@ r, stop = redis.Redis.from_url(url.split("?")[0]), threading.Event()
 
 def builder():  # a live builder renewing its lease
     while not stop.is_set():
-        r.set(f"precompile:lease:{key}", "0f" * 16, px=3000)
+        r.set(c._lease_key(key), "0f" * 16, px=3000)
         stop.wait(1)
 
 threading.Thread(target=builder, daemon=True).start()
@@ -295,23 +295,20 @@ def main(argv: list[str]) -> None:
     sys.path[:0] = [str(REPO / "tests")]
     from _redis import RedisServer
 
-    cases = argv or ["stats", "fetch", "lease", "refused", "nohost", "cluster"]
+    runs = {"stats": lambda work, url: case_stats(work), "fetch": case_fetch, "lease": case_lease,
+            "refused": case_refused, "nohost": lambda work, url: case_nohost(work),
+            "cluster": lambda work, url: case_cluster(work)}
+    cases = argv or list(runs)
+    unknown = [name for name in cases if name not in runs]
+    if unknown:
+        raise SystemExit(f"bench_squatting: no case {', '.join(unknown)}; cases: {' '.join(runs)} (see the docstring)")
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         work.chmod(0o755)  # the other user reaches the lock files (they are 0644, as a cache makes them)
         server = RedisServer(work / "redis").start()
         try:
             for name in cases:
-                if name == "stats":
-                    report = case_stats(work / "s")
-                elif name in ("fetch", "lease", "refused"):
-                    report = {"fetch": case_fetch, "lease": case_lease, "refused": case_refused}[name](
-                        work / name, server.url())
-                elif name == "nohost":
-                    report = case_nohost(work / "n")
-                else:
-                    report = case_cluster(work / "c")
-                print(json.dumps(report), flush=True)
+                print(json.dumps(runs[name](work / name, server.url())), flush=True)
         finally:
             server.stop()
 

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from tools.fleet import artifacts
 from tools.fleet.client import BUILDS
-from tools.fleet.storm import ROOT, percentile, worker_env
+from tools.fleet.storm import ROOT, mem_available, percentile, worker_env
 from tools.fleet.targets import Sampler, Target
 
 log = logging.getLogger("bench_fleet")
@@ -129,14 +129,6 @@ class StormAborted(Exception):
 
 #: A storm is stopped when the host's ``MemAvailable`` falls below this (other work shares the machine).
 MEM_RESERVE = 1 << 30
-
-
-def mem_available() -> int:
-    """``MemAvailable`` of ``/proc/meminfo``, bytes."""
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemAvailable:"):
-            return int(line.split()[1]) * 1024
-    return 0
 
 
 def _wait_count(running, folder: Path, label: str, what: str, timeout: float) -> None:

@@ -67,6 +67,14 @@ class Run:
         return [int(p.name) for p in d.iterdir()] if d.exists() else []
 
 
+def mem_available() -> int:
+    """``MemAvailable`` of ``/proc/meminfo``, bytes (0 where it is not found)."""
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
 def percentile(values: list[float], q: float) -> float:
     """Nearest-rank percentile (``q`` in 0..100): with 16 values p99 is the largest."""
     ordered = sorted(values)
