@@ -52,7 +52,7 @@ from cache_backends.base import (
 )
 from cache_backends.bounded import MAX_REF_BYTES
 from cache_backends.local import beneath
-from cache_backends.local.counters import EXIT_LOCK_WAIT_S, LocalCountersMixin  # noqa: F401
+from cache_backends.local.counters import LocalCountersMixin
 from cache_backends.local.fetch import DEFAULT_FETCH_WAIT_S, LocalFetchMixin
 from cache_backends.local.files import SUSPECT, LocalFilesMixin, drop_ident, warn_if_writable_by_others
 from cache_backends.local.heal import heal

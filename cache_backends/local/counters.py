@@ -102,7 +102,6 @@ class LocalCountersMixin:
             if self._configured_read_only or not self._pending:
                 return
             try:
-                self._lock_dir.mkdir(parents=True, exist_ok=True)
                 lock = filelock.FileLock(lock_file(self.root, self._lock_dir / "stats.lock"))
                 try:
                     lock.acquire(timeout=wait_s, poll_interval=EXIT_POLL_S, blocking=wait_s > 0)

@@ -153,7 +153,6 @@ class LocalUpkeepMixin:
         cap = self.max_bytes if max_bytes is None else int(max_bytes)
         lock = filelock.FileLock(lock_file(self.root, self._lock_dir / "evict.lock"), timeout=0)
         try:
-            self._lock_dir.mkdir(parents=True, exist_ok=True)
             lock.acquire()
         except filelock.Timeout:
             log.debug("another process is evicting from %s; skipped", self.root)

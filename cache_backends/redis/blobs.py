@@ -232,7 +232,6 @@ class BlobsMixin:
             # a chunk of another type reads as missing: the blob is a miss, and dropped with its chunks
             return [None if c is WRONG_TYPE else (c or None) for c in execute(pipe)[:: 2 if refresh else 1]]
 
-    @retrying
     def has_blob(self, digest: str) -> bool:
         """True if either head of blob ``digest`` exists as a string (not verified; one TYPE each, one round trip): a
         key of another type in its place is no blob.

@@ -87,8 +87,8 @@ log = logging.getLogger("precompile.cache")
 DEFAULT_CHUNK_BYTES = 4 << 20
 #: Default seconds a build lease lives unless renewed (renewed every third of it while the build runs).
 DEFAULT_LEASE_TTL_S = 30.0
-#: Default seconds the cache fails fast after the server was found unavailable.
-DEFAULT_DOWN_S = 10.0
+
+
 class RedisCache(ReplicasMixin, BlobsMixin, WritesMixin, CountersMixin, LeasesMixin, UpkeepMixin, Cache):
     """Blobs, refs, leases and counters in one Redis database or Redis Cluster.
 

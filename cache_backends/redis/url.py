@@ -192,8 +192,8 @@ def open_client(url: str) -> tuple[Any, str, dict[str, Any]]:
     return client, redact(url), {_KWARGS.get(k, k): v for k, v in ours.items()}
 
 
-def _cluster_client(redis_url: str, kwargs: dict[str, Any], replicas: bool = False,
-                    seeds: tuple[tuple[str, int], ...] = (), guard: OpenGuard | None = None) -> Any:
+def _cluster_client(redis_url: str, kwargs: dict[str, Any], *, replicas: bool, seeds: tuple[tuple[str, int], ...],
+                    guard: OpenGuard) -> Any:
     """A ``RedisCluster`` for ``redis_url``, routing every command to the master of its key's slot; with
     ``replicas``, its connections send ``READONLY`` as they open, so that a read sent to a replica
     (``target_nodes``) is served there.  The slot map is
@@ -222,7 +222,6 @@ def _cluster_client(redis_url: str, kwargs: dict[str, Any], replicas: bool = Fal
     # A node that times out is not asked again while the client is built, so those retries cost a stalled node
     # one timeout in all (cache_backends/redis/opening.py).
     extra["retry"] = Retry(NoBackoff(), 10)
-    guard = guard or OpenGuard()
     extra["connection_pool_class"] = guard.pool_class
     if seeds:
         extra["startup_nodes"] = [ClusterNode(h, p) for h, p in seeds]
