@@ -173,7 +173,7 @@ def restore(manager: Any, filename: str) -> bool:
         _base().put_group(manager, filename, group)
     safe_incr(cache, record_hits=1)
     log.info("precompile: Triton %s %s restored from the cache (%d files)",
-             "launcher" if _launcher(filename) else "kernel", filename, len(group))
+             "launcher" if filename.endswith(".so") else "kernel", filename, len(group))
     return True
 
 

@@ -236,7 +236,7 @@ class PrecompileAdaptor(shim.compiler_interface_base()):  # type: ignore[misc]
         self._open()
         single = compile_range[0] == compile_range[1]
         dynamic_shapes = "from_example_inputs" if single else "from_graph"
-        inputs, fill = real_inputs(example_inputs, register=not single, filled=False)
+        inputs, fill = real_inputs(example_inputs, register=not single)
         cache = None if self.disabled else self.cache
         # vLLM runs a range's graph at every size of the range, 1 included, whatever Dynamo's 0/1 specialization
         # assumed (its runtime skips Dynamo's guards): the range is the artifact's contract.  A hit needs the
@@ -327,13 +327,12 @@ class _vllm_compile_context:
         self._stack.close()
 
 
-def real_inputs(example_inputs: list[Any], *, register: bool,
-                filled: bool = True) -> tuple[list[Any], Callable[[], None]]:
+def real_inputs(example_inputs: list[Any], *, register: bool) -> tuple[list[Any], Callable[[], None]]:
     """Real tensors and ints standing for vLLM's fake example inputs (real inputs are returned as they are), and a
-    function that fills them.
+    function that fills them (a build calls it; a hit needs their layout only).
 
     A SymInt becomes its hint; a fake tensor a real one of the same dtype, device, sizes and strides (symbolic
-    ones at their hints).  Filled (now with ``filled``, else when the returned function is called, once): integers
+    ones at their hints).  Filled when the returned function is first called: integers
     and bools zero, floats normal from a generator seeded with 0, in input order, so a build sees the same values
     either way.  With ``register`` (a compile range: ``dynamic_shapes="from_graph"``), the fake tensor's mode is
     told that the real tensor stands for it, so Inductor sees the graph's symbolic shapes, not the hints.
@@ -375,8 +374,6 @@ def real_inputs(example_inputs: list[Any], *, register: bool,
                 else:
                     base.zero_()
 
-    if filled:
-        fill()
     return out, fill
 
 

@@ -42,9 +42,9 @@ BACKEND = "precompile"
 PREFIX = "Precompile"
 #: Platforms whose vLLM defaults for the backend "inductor" the backend "precompile" takes too.
 GPU_PLATFORMS = ("CUDA", "ROCM", "XPU")
-#: The VllmConfigs between the two platform hooks whose backend stands in as "inductor": ``{id: weak reference}``
-#: (the reference tells the same object from a later one at the same address, should vLLM raise between the hooks).
-_as_inductor: dict[int, weakref.ref] = {}
+#: The VllmConfigs between the two platform hooks whose backend stands in as "inductor", by ``id`` (held weakly:
+#: a config vLLM drops between the hooks leaves, and a later one at the same address is not it).
+_as_inductor: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
 #: Set while vLLM loads its AOT artifact for a model configured with the backend "precompile" (vLLM 0.25 builds
 #: the pieces' compiler there with no vLLM config current): :func:`loading_for_precompile`.
 _AOT_LOAD: contextvars.ContextVar[bool] = contextvars.ContextVar("precompile_vllm_aot_load", default=False)
@@ -133,21 +133,18 @@ def wrap_platform(base: type) -> type:
         def apply_config_platform_defaults(cls, vllm_config: Any) -> None:
             super().apply_config_platform_defaults(vllm_config)
             cc = vllm_config.compilation_config
-            for stale in [k for k, ref in _as_inductor.items() if ref() is None]:
-                del _as_inductor[stale]
             if gpu and cc.backend == BACKEND:
                 # what vLLM decides next for its own Inductor backend only (custom ops off, so that Inductor fuses
                 # the native ops; its IR ops wrapped for its Inductor lowering; the fusion defaults that follow from
                 # those), it decides for precompile too: precompile compiles each piece with Inductor, and the
                 # model must compile as under vLLM's default.  check_and_update_config puts the backend back.
                 cc.backend = "inductor"
-                _as_inductor[id(vllm_config)] = weakref.ref(vllm_config)
+                _as_inductor[id(vllm_config)] = vllm_config
 
         @classmethod
         def check_and_update_config(cls, vllm_config: Any) -> None:
             cc = vllm_config.compilation_config
-            ref = _as_inductor.pop(id(vllm_config), None)
-            as_inductor = ref is not None and ref() is vllm_config
+            as_inductor = _as_inductor.pop(id(vllm_config), None) is vllm_config
             if as_inductor:
                 cc.backend = BACKEND
                 log.info("precompile: vLLM's defaults for its Inductor backend apply (custom ops %s)",
