@@ -92,7 +92,7 @@ def read(cache: Cache, key: str) -> Stored | None:
             drop(cache, key, "its Dynamo part is missing or corrupt", digest)
             return None
     except UnsafePathError as err:
-        refusals.remember(key, digest, ctx, str(err))
+        refusals.remember(key, digest, ctx, str(err), "untrusted")
         refused_unsafe(cache, "function artifact", key, err)
         return None
     except ArtifactFormatError as err:

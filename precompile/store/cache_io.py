@@ -97,7 +97,7 @@ def load_from_cache(key: str, cache: str | Cache | None, *, bound: dict[int, tor
             drop_ref(c, key, f"{len(lost)} of its parts are missing or corrupt", digest=digest)
             return None
     except UnsafePathError as err:  # planted or garbled: never used, counted with the refused entries
-        refusals.remember(key, digest, ctx, str(err))
+        refusals.remember(key, digest, ctx, str(err), "untrusted")
         refused_unsafe(c, "cache entry", key, err)
         return None
     except CacheError as err:  # an outage: nothing is remembered
@@ -189,7 +189,7 @@ def read_manifest_doc(cache: Cache, key: str, policy: Any, what: str, *,
     del raw
     verdict = policy.check(doc)
     if not verdict.ok:
-        refusals.remember(key, digest, ctx, verdict.detail)
+        refusals.remember(key, digest, ctx, verdict.detail, "untrusted")
         safe_incr(cache, **trust.note_refused(verdict, f"{what} {key[:12]} in {cache.url}"))
         metrics.note_untrusted(verdict.status)
         return None

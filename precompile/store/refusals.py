@@ -19,7 +19,6 @@ import time
 from collections import OrderedDict
 from typing import Any
 
-from precompile import config
 
 #: Seconds a refusal is remembered.
 REFUSED_TTL_S = 600.0
@@ -33,14 +32,9 @@ _refused: OrderedDict[tuple[str, str, Any], tuple[float, str, str | None]] = Ord
 
 def context(cache: Any, policy: Any) -> tuple[str, frozenset[str], bool]:
     """Where a refusal holds besides the manifest's bytes: ``cache``'s URL (each cache counts its own refusals),
-    ``policy``'s verify key ids (:class:`precompile.artifact.trust.Policy`) and whether host code is refused.
-
-    Raises:
-        ConfigError: ``PRECOMPILE_REQUIRE_NO_HOST_CODE`` holds a bad value.
+    ``policy``'s verify key ids (:class:`precompile.artifact.trust.Policy`) and whether it refuses host code.
     """
-    no_host_code = getattr(policy, "no_host_code", None)  # the call's policy decides it (trust.resolve)
-    return str(cache.url), frozenset(policy.verify), config.require_no_host_code() if no_host_code is None \
-        else bool(no_host_code)
+    return str(cache.url), frozenset(policy.verify), bool(policy.no_host_code)
 
 
 def remember(key: str, digest: str | None, ctx: Any, why: str, miss_reason: str | None = None) -> None:

@@ -46,6 +46,21 @@ def test_a_refused_manifest_is_read_once_per_ref(tmp_path, signed_worker):
     assert cache.counters()["untrusted"] == 2
 
 
+def test_a_recalled_refusal_is_the_same_miss_as_the_first(tmp_path, signed_worker):
+    """The lookup a remembered refusal answers misses for the reason the first one did (``untrusted``), not as an
+    absent entry: the hit-rate dashboard's misses by reason would otherwise move from one to the other."""
+    from precompile import metrics
+
+    cache = LocalCache(tmp_path / "c")
+    cache.set_ref(KEY, cache.put_blob(width_bomb(1000)))
+    metrics.take_miss_reason()
+    reasons = []
+    for _ in range(2):
+        assert load_from_cache(KEY, cache) is None
+        reasons.append(metrics.take_miss_reason())
+    assert reasons == ["untrusted", "untrusted"]
+
+
 def test_a_refusal_holds_only_for_its_keys_and_mode(tmp_path, signed_worker, monkeypatch):
     cache = LocalCache(tmp_path / "c")
     cache.set_ref(KEY, cache.put_blob(width_bomb(1000)))
