@@ -32,8 +32,6 @@ from typing import Any
 import torch
 import torch.fx
 
-from precompile.artifact import graph_allow
-from precompile.artifact.graph_allow import identifier
 from precompile.errors import ArtifactFormatError, UnserializableGraphError
 
 GRAPH_SCHEMA = 1
@@ -99,8 +97,10 @@ def _resolve_fn(module: str, qualname: str) -> Any:
 
 def _decode_target(op: str, target: Any, where: str, owned: Any) -> Any:
     """A stored node's target, through the allow-list (:mod:`precompile.artifact.graph_allow`); nothing imported."""
+    from precompile.artifact import graph_allow  # decoding only: its tables stay off the key and load paths
+
     if op == "placeholder":
-        if not identifier(target):
+        if not graph_allow.identifier(target):
             raise ArtifactFormatError(f"{where}: placeholder target {target!r:.120} is not an identifier")
         return target
     if op == "output":
@@ -259,6 +259,9 @@ def graph_from_json(data: Any, _depth: int = 0) -> torch.fx.GraphModule:
             with its op and target) calls, reads or passes something the allow-list does not allow, or is malformed.
         ConfigError: ``PRECOMPILE_GRAPH_OP_NAMESPACES`` is malformed.
     """
+    from precompile.artifact import graph_allow
+    from precompile.artifact.graph_allow import identifier
+
     if not isinstance(data, dict) or data.get("schema") != GRAPH_SCHEMA:
         raise ArtifactFormatError(f"a stored FX graph must be an object of schema {GRAPH_SCHEMA}")
     if _depth > MAX_GRAPH_DEPTH:
