@@ -114,7 +114,7 @@ def regular_file(fd: int, path: str | os.PathLike[str], what: str = "file") -> I
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            raise NotRegularFileError(f"{what} {os.fspath(path)} is not a regular file ({_kind(mode)}); refused "
+            raise NotRegularFileError(f"{what} {os.fspath(path)} is not a regular file ({describe_mode(mode)}); refused "
                                       "without reading it")
         return os.fdopen(fd, "rb", buffering=0)
     except BaseException:
@@ -270,9 +270,11 @@ def inflate(frame: bytes | memoryview, max_bytes: int, what: str = "blob") -> by
                               f"(MemoryError); refused") from err
 
 
-def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a directory"), (stat.S_ISSOCK, "a socket")):
+def describe_mode(mode: int) -> str:
+    """What a file of ``st_mode`` ``mode`` is, in words (``"a symbolic link"``, ``"a FIFO"``...), for messages."""
+    for test, name in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISREG, "a file"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISDIR, "a directory"), (stat.S_ISSOCK, "a socket")):
         if test(mode):
             return name
     return f"mode {oct(mode)}"

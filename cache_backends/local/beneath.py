@@ -15,12 +15,11 @@ import contextlib
 import errno
 import logging
 import os
-import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
-from cache_backends.bounded import NOT_A_FILE, read_bounded, regular_file
+from cache_backends.bounded import NOT_A_FILE, describe_mode, read_bounded, regular_file
 from precompile.errors import NotRegularFileError
 
 log = logging.getLogger("precompile.cache")
@@ -35,14 +34,9 @@ _READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | _CLOEXEC
 def _kind(parent: int, name: str) -> str:
     """What stands under ``name`` in directory ``parent`` (itself, never what a link names), in words."""
     try:
-        mode = os.stat(name, dir_fd=parent, follow_symlinks=False).st_mode
+        return describe_mode(os.stat(name, dir_fd=parent, follow_symlinks=False).st_mode)
     except OSError:
         return "something"
-    for test, what in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISREG, "a file"), (stat.S_ISFIFO, "a FIFO"),
-                       (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory")):
-        if test(mode):
-            return what
-    return "a device"
 
 
 def _subdir(parent: int, name: str, path: Path, create: bool) -> int:

@@ -20,12 +20,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from cache_backends.bounded import describe_mode
 from cache_backends.local import beneath
 
 log = logging.getLogger("precompile.cache")
-
-_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISLNK, "a symlink"), (stat.S_ISFIFO, "a FIFO"),
-          (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
 
 
 def displace(root: Path, path: Path, tmp_dir: Path) -> str | None:
@@ -49,7 +47,7 @@ def displace(root: Path, path: Path, tmp_dir: Path) -> str | None:
             return None
         if stat.S_ISREG(mode):
             return None
-        kind = next((name for test, name in _KINDS if test(mode)), f"mode {oct(mode)}")
+        kind = describe_mode(mode)
         aside = f"{path.name}.{uuid.uuid4().hex}.displaced"
         with beneath.directory(root, tmp_dir, create=True) as tmp:
             try:
