@@ -42,17 +42,15 @@ from typing import Any
 import torch
 
 from precompile import config
+from precompile.artifact.names import ascii_identifier
 from precompile.errors import ArtifactFormatError
 
-#: An ASCII identifier (Python folds other identifier characters to NFKC when it compiles them).
-_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 MAX_NAME = 1024
 
 
 def identifier(name: Any) -> bool:
     """Whether ``name`` is an ASCII Python identifier of at most :data:`MAX_NAME` characters, not a keyword."""
-    return (isinstance(name, str) and len(name) <= MAX_NAME and _IDENT.match(name) is not None
-            and not keyword.iskeyword(name))
+    return ascii_identifier(name, MAX_NAME) and not keyword.iskeyword(name)
 
 
 def _plain(name: Any) -> bool:

@@ -45,6 +45,14 @@ def plain_name(value: object, field: str) -> str:
     return value
 
 
+def ascii_identifier(value: object, max_len: int | None = 1024) -> bool:
+    """Whether ``value`` is an ASCII Python identifier (keywords included) of at most ``max_len`` characters (None:
+    any length).  ASCII, as Python folds other identifier characters to NFKC when it compiles: two different stored
+    names could become one."""
+    return (isinstance(value, str) and value.isascii() and value.isidentifier()
+            and (max_len is None or len(value) <= max_len))
+
+
 def kernel_name(value: object, field: str) -> str:
     """``value`` if it is an ASCII Python identifier of at most 1024 characters (what a wrapper binds a kernel to;
     ASCII, as Python folds other identifier characters to NFKC when it compiles).
@@ -52,7 +60,7 @@ def kernel_name(value: object, field: str) -> str:
     Raises:
         UnsafePathError: it is not.
     """
-    if not isinstance(value, str) or not value.isascii() or not value.isidentifier() or len(value) > 1024:
+    if not ascii_identifier(value, 1024):
         raise UnsafePathError(f"{field}: {value!r} is not a kernel name (an ASCII Python identifier of at most "
                               "1024 characters)", field, value)
     return value

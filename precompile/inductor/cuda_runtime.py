@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from cache_backends.bounded import loads_json
+from precompile.artifact.names import ascii_identifier
 from precompile.inductor import shim
 from precompile.inductor.memfd import memfd
 
@@ -49,11 +50,6 @@ _GRID_CALLS = ("min", "max", "int", "abs")
 #: Longest grid line and most grid lines a record may hold.
 _GRID_LINE_MAX, _GRID_LINES_MAX = 4096, 64
 _RECORD_MAX_BYTES = 1 << 20
-
-
-def _ascii_identifier(value: object) -> bool:
-    """An ASCII Python identifier (Python folds other identifier characters to NFKC when it compiles)."""
-    return isinstance(value, str) and value.isascii() and value.isidentifier()
 
 
 def _grid_line_ok(line: object) -> bool:
@@ -123,8 +119,8 @@ def read_launch(blob: bytes, digest: str) -> tuple[dict[str, Any], bytes]:
     if not isinstance(record, dict) or record.get("format") != LAUNCH_FORMAT or \
             any(not isinstance(record.get(f), t) for f, t in fields.items()):
         raise ValueError(f"launch record of {digest[:12]} lacks a field or has one of the wrong type")
-    if not _ascii_identifier(record["name"]) or \
-            not all(_ascii_identifier(a) for a in record["params"] + record["passed"]):
+    if not ascii_identifier(record["name"], None) or \
+            not all(ascii_identifier(a, None) for a in record["params"] + record["passed"]):
         raise ValueError("launch record names parameters that are not ASCII identifiers")
     if len(record["grid"]) > _GRID_LINES_MAX or not all(_grid_line_ok(line) for line in record["grid"]):
         raise ValueError("launch record has grid lines that are not plain arithmetic")

@@ -40,6 +40,7 @@ import torch
 import torch.fx
 
 from precompile.artifact.graph_json import GRAPH_SCHEMA, TORCH_NAMES, graph_to_json
+from precompile.artifact.names import ascii_identifier
 from precompile.artifact.wrapper.bounds import Value, analyze
 from precompile.artifact.wrapper.ops import (ALLOWED_FUNCTIONS, ALLOWED_OPS, ARITHMETIC, TRITON_LAUNCH,
                                              WrapperGraphError, lookup_op)
@@ -126,8 +127,7 @@ def check(data: Any) -> tuple[list[Value], dict[int, Any]]:
 def _identifier(value: Any) -> bool:
     # ASCII: Python folds other identifier characters to NFKC when it compiles, so two different stored names
     # could become one keyword (a SyntaxError at build, not a WrapperGraphError)
-    return (isinstance(value, str) and len(value) <= MAX_STRING and value.isascii() and value.isidentifier()
-            and not keyword.iskeyword(value))
+    return ascii_identifier(value, MAX_STRING) and not keyword.iskeyword(value)
 
 
 def _target(target: Any, where: str) -> Any:
