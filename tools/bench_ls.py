@@ -61,7 +61,10 @@ def run_ls(url: str, out: Path) -> tuple[float, float]:
     """``(wall seconds, peak RSS in MiB)`` of one ``precompile ls --json`` in a fresh process."""
     start = time.perf_counter()
     with open(out, "wb") as f:
-        proc = subprocess.Popen([sys.executable, "-m", "precompile", "ls", "--json", "--cache", url], stdout=f)
+        # run from the output's directory: ``-m`` puts the working directory first on sys.path, so from a checkout's
+        # root that checkout's precompile would run whatever PYTHONPATH names
+        proc = subprocess.Popen([sys.executable, "-m", "precompile", "ls", "--json", "--cache", url], stdout=f,
+                                cwd=out.parent)
         _, status, usage = os.wait4(proc.pid, 0)
     seconds = time.perf_counter() - start
     if os.waitstatus_to_exitcode(status) != 0:
