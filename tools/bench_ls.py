@@ -6,9 +6,12 @@ here, its manifest stored again under ``--refs`` keys, each copy with its own ke
 its own manifest blob, as in a real cache), every part shared.  Then ``python -m precompile ls --json`` runs
 ``--repeat`` times with stdout to a file; the tool prints one JSON line: the median wall seconds, the largest peak
 RSS of the command (``ru_maxrss`` of the child), and the size and sha256 of what it printed, so two versions of
-precompile (``PYTHONPATH=old`` and ``PYTHONPATH=new``) can be compared on the same cache, output included.
+precompile (``--pythonpath``: the checkout whose ``precompile ls`` runs, default this one) can be compared on the
+same cache, output included.  The cache is filled in a process of its own: a child's ``ru_maxrss`` counts what it
+shared with its parent before ``exec``, so a parent grown by the filling inflated the first figures.
 
-    PYTHONPATH=. python tools/bench_ls.py --refs 20000 --work /tmp/bench-ls
+    python tools/bench_ls.py --refs 20000 --work /tmp/bench-ls
+    python tools/bench_ls.py --refs 20000 --work /tmp/bench-ls --pythonpath /tmp/old-checkout
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _template(cache_url: str) -> dict:
@@ -57,14 +62,15 @@ def fill(root: Path, refs: int) -> None:
             print(f"stored {i} of {refs} refs", file=sys.stderr, flush=True)
 
 
-def run_ls(url: str, out: Path) -> tuple[float, float]:
-    """``(wall seconds, peak RSS in MiB)`` of one ``precompile ls --json`` in a fresh process."""
+def run_ls(url: str, out: Path, pythonpath: Path) -> tuple[float, float]:
+    """``(wall seconds, peak RSS in MiB)`` of one ``precompile ls --json`` of checkout ``pythonpath``, in a fresh
+    process."""
     start = time.perf_counter()
     with open(out, "wb") as f:
         # run from the output's directory: ``-m`` puts the working directory first on sys.path, so from a checkout's
         # root that checkout's precompile would run whatever PYTHONPATH names
         proc = subprocess.Popen([sys.executable, "-m", "precompile", "ls", "--json", "--cache", url], stdout=f,
-                                cwd=out.parent)
+                                cwd=out.parent, env={**os.environ, "PYTHONPATH": str(pythonpath)})
         _, status, usage = os.wait4(proc.pid, 0)
     seconds = time.perf_counter() - start
     if os.waitstatus_to_exitcode(status) != 0:
@@ -77,11 +83,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--refs", type=int, default=20000)
     ap.add_argument("--work", type=Path, required=True, help="where the cache is made (and reused)")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--pythonpath", type=Path, default=REPO, help="the checkout whose precompile ls runs")
+    ap.add_argument("--fill-only", action="store_true", help=argparse.SUPPRESS)  # the filling process
     a = ap.parse_args(argv)
     root = a.work / "cache"
-    fill(root, a.refs)
+    if a.fill_only:
+        fill(root, a.refs)
+        return
+    subprocess.run([sys.executable, __file__, "--fill-only", "--refs", str(a.refs), "--work", str(a.work)],
+                   check=True, env={**os.environ, "PYTHONPATH": str(REPO)})
     out = a.work / "ls.json"
-    runs = [run_ls(f"file://{root}", out) for _ in range(a.repeat)]
+    runs = [run_ls(f"file://{root}", out, a.pythonpath.resolve()) for _ in range(a.repeat)]
     data = out.read_bytes()
     print(json.dumps({"refs": a.refs, "seconds": round(statistics.median(s for s, _ in runs), 2),
                       "peak_rss_mib": round(max(r for _, r in runs), 1), "output_bytes": len(data),
