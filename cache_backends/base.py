@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Final, Union
 
 from cache_backends.bounded import MAX_BLOB_BYTES, inflate
+from cache_backends.redaction import redact_url
 
 log = logging.getLogger("precompile.cache")
 
@@ -165,12 +166,22 @@ class Cache(ABC):
     """A blob store + ref table + counters.  Subclasses: ``LocalCache`` (``file://``), later Redis and tiered.
 
     Attributes:
-        url: the URL that opens this cache again (``open_cache(cache.url)``), without secrets.
+        url: the cache's URL as shown in logs, errors, stats and metrics labels: whatever a backend sets is stored
+            redacted (:func:`cache_backends.redaction.redact_url`: passwords, ``ssl_password``, secret-looking
+            options masked as ``***``), so it reopens the cache only where the URL carried no secret.
         read_only: True when every write raises :class:`CacheReadOnlyError`.
         verify_keys, signing_key: trust options of the URL (set by :func:`cache_backends.registry.open_cache`).
     """
 
-    url: str
+    @property
+    def url(self) -> str:
+        """The cache's URL, redacted (see the class's attributes)."""
+        return self._shown_url
+
+    @url.setter
+    def url(self, value: str) -> None:
+        self._shown_url = redact_url(value)
+
     read_only: bool = False
     #: Public keys (``ed25519:<hex>`` or key files) from the URL's ``verify_keys=`` option; added to
     #: ``PRECOMPILE_VERIFY_KEYS`` for loads from this cache (:func:`precompile.artifact.trust.policy`).

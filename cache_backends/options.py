@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+from cache_backends.redaction import redact_url
 from precompile.errors import CacheURLError
 
 
@@ -131,8 +132,9 @@ def parse_nodes(name: str, raw: str) -> tuple[tuple[str, int], ...]:
     for item in (p.strip() for p in raw.split(",")):
         host, sep, port = item.rpartition(":")
         if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536 or any(c in host for c in "/?#@ "):
+            shown = redact_url(f"?nodes={item}")[len("?nodes="):]  # an entry's password never shows
             raise CacheURLError(f"cache URL option {name}= must list host:port pairs separated by commas, got "
-                                f"{item!r} in {raw!r}")
+                                f"{shown!r} in {redact_url(f'?nodes={raw}')[len('?nodes='):]!r}")
         nodes.append((host.strip("[]"), int(port)))
     if len(nodes) > 64:
         raise CacheURLError(f"cache URL option {name}= lists {len(nodes)} nodes; at most 64")

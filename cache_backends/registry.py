@@ -17,6 +17,7 @@ from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from cache_backends.base import Cache
 from cache_backends.bounded import MAX_MANIFEST_BYTES, loads_json
+from cache_backends.redaction import redact_url, redacting
 from precompile import config
 from precompile.errors import CacheError, CacheUnavailableError, CacheURLError, TrustConfigError
 
@@ -80,13 +81,15 @@ def open_cache(url: str | Cache | Sequence[str] | None = None, *, create: bool =
     if url is None:
         url = config.default_cache_url()
         if os.environ.get("PRECOMPILE_CACHE", "").strip():
-            try:
-                return _open(url, create)
-            except CacheURLError as err:
-                raise CacheURLError(f"PRECOMPILE_CACHE: {err}") from err
-            except TrustConfigError as err:
-                raise TrustConfigError(f"PRECOMPILE_CACHE: {err}") from err
-    return _open(url, create)
+            with redacting(url):
+                try:
+                    return _open(url, create)
+                except CacheURLError as err:
+                    raise CacheURLError(f"PRECOMPILE_CACHE: {err}") from err
+                except TrustConfigError as err:
+                    raise TrustConfigError(f"PRECOMPILE_CACHE: {err}") from err
+    with redacting(url):  # a message built from a raw option (a parser's echo, a library's error) too
+        return _open(url, create)
 
 
 def _open(url: str | Sequence[str], create: bool) -> Cache:
@@ -96,7 +99,7 @@ def _open(url: str | Sequence[str], create: bool) -> Cache:
         tiers = [u.strip() for u in url if isinstance(u, str) and u.strip()]
         if len(tiers) != 2 or len(tiers) != len(url):
             raise CacheURLError(f"a tiered cache takes exactly two URLs, near tier first (e.g. "
-                                f"'file:///var/cache/precompile|redis://cache:6379/0'), got {url!r}")
+                                f"'file:///var/cache/precompile|redis://cache:6379/0'), got {redact_url(url)!r}")
         from cache_backends.tiered import TieredCache
 
         near, far = _open(tiers[0], create), _open(tiers[1], create)
@@ -106,19 +109,23 @@ def _open(url: str | Sequence[str], create: bool) -> Cache:
         return tiered
     if not isinstance(url, str) or not url.strip():
         raise CacheURLError(f"a cache URL must be a non-empty string such as 'file:///var/cache/precompile', "
-                            f"got {url!r}")
+                            f"got {redact_url(url)!r}")
     url = url.strip()
     _register_builtin()
     if "://" not in url:
         if not (url.startswith("/") or url.startswith("~")):
-            raise CacheURLError(f"{url!r} is not a cache URL: use file:///absolute/dir (or an absolute path), "
+            raise CacheURLError(f"{redact_url(url)!r} is not a cache URL: use file:///absolute/dir (or an absolute path), "
                                 "redis://host:6379/0, rediss://, unix:///path/redis.sock, or two of them joined by |")
         url = "file://" + os.path.abspath(os.path.expanduser(url))
-    scheme = urlsplit(url).scheme.lower()
+    try:
+        scheme = urlsplit(url).scheme.lower()
+    except ValueError as err:  # "Invalid IPv6 URL"
+        raise CacheURLError(f"malformed cache URL {redact_url(url)!r}: {err}") from None
     factory = _BACKENDS.get(scheme)
     if factory is None:
         known = ", ".join(sorted(f"{s}://" for s in _BACKENDS))
-        raise CacheURLError(f"no cache backend handles {scheme}:// URLs (in {url!r}); known schemes: {known}")
+        raise CacheURLError(f"no cache backend handles {redact_url(scheme)}:// URLs (in {redact_url(url)!r}); "
+                            f"known schemes: {known}")
     url, trust = _split_trust_options(url)
     if not create and scheme == "file":
         from cache_backends.local.cache import LocalCache
@@ -159,16 +166,18 @@ def policy_for(cache: str | Cache | Sequence[str] | None = None) -> Policy:
     keys: list[str] = []
     signers: list[str] = []
     from_env = cache is None and bool(os.environ.get("PRECOMPILE_CACHE", "").strip())
-    try:
-        for tier in _tier_urls(config.default_cache_url() if cache is None else cache):
-            options = _split_trust_options(tier)[1]
-            keys.extend(k.strip() for k in options.get("verify_keys", "").split(",") if k.strip())
-            if options.get("signing_key", "").strip():
-                signers.append(options["signing_key"].strip())
-    except (CacheURLError, TrustConfigError) as err:
-        if from_env:
-            raise type(err)(f"PRECOMPILE_CACHE: {err}") from err
-        raise
+    url = config.default_cache_url() if cache is None else cache
+    with redacting(url):
+        try:
+            for tier in _tier_urls(url):
+                options = _split_trust_options(tier)[1]
+                keys.extend(k.strip() for k in options.get("verify_keys", "").split(",") if k.strip())
+                if options.get("signing_key", "").strip():
+                    signers.append(options["signing_key"].strip())
+        except (CacheURLError, TrustConfigError) as err:
+            if from_env:
+                raise type(err)(f"PRECOMPILE_CACHE: {err}") from err
+            raise
     return trust.resolve(tuple(keys), signers[0] if signers else None)  # the near tier's signer first, as _open
 
 
@@ -180,7 +189,8 @@ def _tier_urls(url: str | Sequence[str]) -> list[str]:
     """
     tiers = url.split("|") if isinstance(url, str) else list(url) if isinstance(url, (list, tuple)) else None
     if tiers is None or not all(isinstance(t, str) for t in tiers):
-        raise CacheURLError(f"a cache URL must be a string such as 'file:///var/cache/precompile', got {url!r}")
+        raise CacheURLError(f"a cache URL must be a string such as 'file:///var/cache/precompile', got "
+                            f"{redact_url(url)!r}")
     return [t.strip() if "://" in t else "file://" + t.strip() for t in tiers if t.strip()]
 
 
@@ -192,22 +202,25 @@ def _split_trust_options(url: str) -> tuple[str, dict[str, str]]:
         TrustConfigError: an option names a key that cannot be read, or names none (``verify_keys=``,
             ``verify_keys=,``, ``signing_key=``, a key file that is empty): a key option never turns checking off.
     """
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError as err:  # "Invalid IPv6 URL"
+        raise CacheURLError(f"malformed cache URL {redact_url(url)!r}: {err}") from None
     if not any(name in parts.query for name in TRUST_OPTIONS):
         return url, {}
     try:
         query = parse_qsl(parts.query, keep_blank_values=True, strict_parsing=True)
     except ValueError as err:
-        raise CacheURLError(f"malformed query in cache URL {url!r}: {err}") from err
+        raise CacheURLError(f"malformed query in cache URL {redact_url(url)!r}: {err}") from err
     trust: dict[str, str] = {}
     for name, value in query:
         if name in TRUST_OPTIONS:
             if name in trust:
-                raise CacheURLError(f"option {name!r} given twice in cache URL {url!r}")
+                raise CacheURLError(f"option {name!r} given twice in cache URL {redact_url(url)!r}")
             trust[name] = value
     from precompile.artifact import trust as trust_mod
 
-    where = urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", ""))  # no password
+    where = redact_url(urlunsplit((parts.scheme, parts.netloc, parts.path, "", "")))
     if "verify_keys" in trust:
         trust_mod.parse_verify_keys(trust["verify_keys"], f"verify_keys= of cache URL {where}")
     if "signing_key" in trust:
@@ -228,7 +241,7 @@ def _require_directory(url: str) -> None:
         return
     if not os.path.isdir(path):
         what = "is not a directory" if os.path.exists(path) else "does not exist"
-        raise CacheUnavailableError(f"no cache at {url}: {path} {what} (nothing was created; a command that "
+        raise CacheUnavailableError(f"no cache at {redact_url(url)}: {path} {what} (nothing was created; a command that "
                                     "writes, such as warmup or import, creates it)")
 
 

@@ -280,6 +280,8 @@ def cache_exposition(cache: Cache) -> bytes:
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
     from prometheus_client.registry import Collector
 
+    from cache_backends.redaction import redact_url
+
     stats = cache.stats()
     tiers = stats.get("tiers") or [stats]
 
@@ -287,7 +289,7 @@ def cache_exposition(cache: Cache) -> bytes:
         def collect(self):
             families: dict[str, Any] = {}
             for tier in tiers:
-                url = str(tier.get("url", cache.url))
+                url = redact_url(tier.get("url", cache.url))  # a backend's stats may carry its URL as given
                 for name, value in tier.items():
                     if isinstance(value, bool) or not isinstance(value, (int, float)):
                         continue

@@ -59,6 +59,7 @@ from cache_backends.local.heal import heal
 from cache_backends.local.upkeep import (  # noqa: F401 - manifest_blob_digests, the constants: re-exported
     EVICT_TARGET_FRACTION, SIZE_RESCAN_S, STALE_TEMP_S, LocalUpkeepMixin, manifest_blob_digests)
 from cache_backends.local.url import make_file_url, parse_file_url
+from cache_backends.redaction import redact_url, redacting
 from precompile import config
 from precompile.errors import CacheError, CacheUnavailableError, CacheURLError, NotRegularFileError
 
@@ -164,13 +165,14 @@ class LocalCache(LocalUpkeepMixin, LocalCountersMixin, LocalFilesMixin, LocalFet
                 is unknown or malformed, or the URL has a fragment.
             CacheUnavailableError: as the constructor.
         """
-        path, kwargs = parse_file_url(url)
-        try:
-            return cls(path, **kwargs, create=create)  # type: ignore[arg-type]
-        except ValueError as err:
-            if isinstance(err, CacheError):
-                raise
-            raise CacheURLError(f"invalid cache URL {url!r}: {err}") from err
+        with redacting(url):
+            path, kwargs = parse_file_url(url)
+            try:
+                return cls(path, **kwargs, create=create)  # type: ignore[arg-type]
+            except ValueError as err:
+                if isinstance(err, CacheError):
+                    raise
+                raise CacheURLError(f"invalid cache URL {redact_url(url)!r}: {err}") from err
 
     def _make_url(self) -> str:
         opts: dict[str, object] = {}

@@ -119,7 +119,7 @@ class RedisCache(ReplicasMixin, BlobsMixin, WritesMixin, CountersMixin, LeasesMi
 
     Args:
         client: a ``redis.Redis`` or ``redis.cluster.RedisCluster`` (bytes replies, ``decode_responses`` off).
-        url: the URL shown in logs and stats (without the password).
+        url: the URL shown in logs and stats; stored redacted (:attr:`Cache.url <cache_backends.base.Cache.url>`).
 
     Raises:
         ValueError: a numeric option is out of range.

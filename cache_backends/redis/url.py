@@ -1,4 +1,5 @@
-"""Redis cache URLs: precompile's query options, the redis-py clients they open, and password redaction.
+"""Redis cache URLs: precompile's query options and the redis-py clients they open (the URL shown is redacted by
+:mod:`cache_backends.redaction`).
 
 ``redis://[user[:password]@]host[:port][/db][?options]`` (TLS: ``rediss://``), or
 ``unix://[user[:password]@]/path/to/redis.sock[?db=N&options]``.  precompile's options are listed in
@@ -13,7 +14,7 @@ import functools
 import threading
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import redis
 import redis.exceptions as rex
@@ -33,6 +34,7 @@ from cache_backends.options import (
     parse_size,
 )
 from cache_backends.redis.health import DEFAULT_DOWN_S, server_key
+from cache_backends.redaction import misread_password, redact_url, redacting
 from cache_backends.redis.opening import OpenGuard, open_breaker
 from precompile.errors import CacheUnavailableError, CacheURLError
 
@@ -97,47 +99,65 @@ def open_client(url: str) -> tuple[Any, str, dict[str, Any]]:
     Nothing is sent to the server (except by a cluster client, which asks a node for the slot map).
 
     Returns:
-        ``(client, url without the password, {RedisCache keyword: value})`` for the options the URL gives; for a
-        cluster, ``replica_reads`` (on unless ``replica_reads=0``): the client's connections then send ``READONLY``
-        as they open, so that the cache may send a blob read to any node of its slot
-        (:mod:`cache_backends.redis.replicas`).  ``retry_s`` is always given.
+        ``(client, the URL redacted (:func:`~cache_backends.redaction.redact_url`), {RedisCache keyword:
+        value})`` for the options the URL gives; for a cluster, ``replica_reads`` (on unless ``replica_reads=0``):
+        the client's connections then send ``READONLY`` as they open, so that the cache may send a blob read to
+        any node of its slot (:mod:`cache_backends.redis.replicas`).  ``retry_s`` is always given.
+
+    Every message of an error raised here has the URL's secrets removed
+    (:func:`~cache_backends.redaction.redacting`).
 
     Raises:
-        CacheURLError: the scheme is not a Redis one, an option is unknown, repeated, malformed or out of its
-            range, ``cluster=1`` is combined with ``unix://`` or a database other than 0, ``replica_reads=1`` is
-            given without ``cluster=1``, or an ``ssl_*`` option without ``rediss://``.
+        CacheURLError: the URL does not parse, an ``@`` follows its host (a password's ``/?#@`` not
+            percent-encoded: :func:`~cache_backends.redaction.misread_password`), the scheme is not a Redis one, an
+            option is unknown, repeated, malformed or out of its range, ``cluster=1`` is combined with ``unix://``
+            or a database other than 0, ``replica_reads=1`` is given without ``cluster=1``, or an ``ssl_*`` option
+            without ``rediss://``.
         CacheUnavailableError: none of a cluster's known nodes can be reached, or every master timed out (each
             node is waited for at most one timeout: :mod:`cache_backends.redis.opening`), or an open of the same
             cluster timed out less than ``down_s`` seconds ago.
     """
-    parts = urlsplit(url.strip())
+    with redacting(url):  # a message echoing a raw option value, or redis-py's, loses the URL's secrets
+        return _open_client(url)
+
+
+def _open_client(url: str) -> tuple[Any, str, dict[str, Any]]:
+    try:
+        parts = urlsplit(url.strip())
+    except ValueError as err:  # "Invalid IPv6 URL"
+        raise CacheURLError(f"malformed cache URL {redact_url(url)!r}: {err}") from None
     scheme = parts.scheme.lower()
     if scheme not in ("redis", "rediss", "unix"):
-        raise CacheURLError(f"RedisCache opens redis://, rediss:// and unix:// URLs, got {url!r}")
+        raise CacheURLError(f"RedisCache opens redis://, rediss:// and unix:// URLs, got {redact_url(url)!r}")
+    if misread_password(url):
+        raise CacheURLError(f"cache URL {redact_url(url)!r} has an '@' after its host: a password holding '/', '?', "
+                            "'#' or '@' must be percent-encoded (%2F, %3F, %23, %40), e.g. with "
+                            "urllib.parse.quote(password, safe='')")
     if scheme != "unix" and not parts.hostname:
-        raise CacheURLError(f"Redis URL {url!r} names no host; e.g. 'redis://cache.internal:6379/0'")
+        raise CacheURLError(f"Redis URL {redact_url(url)!r} names no host; e.g. 'redis://cache.internal:6379/0'")
     if scheme == "unix" and not parts.path:
-        raise CacheURLError(f"unix URL {url!r} names no socket path; e.g. 'unix:///run/redis/redis.sock?db=0'")
+        raise CacheURLError(f"unix URL {redact_url(url)!r} names no socket path; e.g. "
+                            "'unix:///run/redis/redis.sock?db=0'")
     try:
         query = parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
     except ValueError as err:
-        raise CacheURLError(f"malformed query in cache URL {redact(url)!r}: {err}") from err
+        raise CacheURLError(f"malformed query in cache URL {redact_url(url)!r}: {err}") from err
     ours: dict[str, object] = {}
     passthrough: list[tuple[str, str]] = []
     for name, raw in query:
         if name in URL_OPTIONS:
             if name in ours:
-                raise CacheURLError(f"option {name!r} given twice in cache URL {redact(url)!r}")
+                raise CacheURLError(f"option {name!r} given twice in cache URL {redact_url(url)!r}")
             ours[name] = URL_OPTIONS[name](name, raw)
         elif name in redis_url_options() or name.startswith("ssl_") or name == "client_name":
             if name.startswith("ssl_") and scheme != "rediss":  # redis-py hands them to a plain connection: TypeError
-                raise CacheURLError(f"option {name!r} of cache URL {redact(url)!r} configures TLS, which needs a "
+                raise CacheURLError(f"option {name!r} of cache URL {redact_url(url)!r} configures TLS, which needs a "
                                     "rediss:// URL; use rediss:// (or drop the ssl_* options)")
             if name in REDIS_PY_NUMBERS:
                 REDIS_PY_NUMBERS[name](name, raw)
             passthrough.append((name, raw))
         else:
-            raise CacheURLError(f"unknown option {name!r} in cache URL {redact(url)!r}; precompile's: "
+            raise CacheURLError(f"unknown option {name!r} in cache URL {redact_url(url)!r}; precompile's: "
                                 f"{', '.join(URL_OPTIONS)}; redis-py's: {', '.join(sorted(redis_url_options()))}"
                                 ", ssl_*")
     timeout = float(ours.pop("timeout", DEFAULT_TIMEOUT_S))  # type: ignore[arg-type]
@@ -146,10 +166,10 @@ def open_client(url: str) -> tuple[Any, str, dict[str, Any]]:
     cluster = bool(ours.pop("cluster", False))
     replica_reads = ours.pop("replica_reads", None)
     if replica_reads and not cluster:
-        raise CacheURLError(f"replica_reads=1 needs a Redis Cluster (cluster=1), got {redact(url)!r}")
+        raise CacheURLError(f"replica_reads=1 needs a Redis Cluster (cluster=1), got {redact_url(url)!r}")
     seeds = ours.pop("nodes", ())
     if seeds and not cluster:
-        raise CacheURLError(f"nodes= (more nodes to start from) needs a Redis Cluster (cluster=1), got {redact(url)!r}")
+        raise CacheURLError(f"nodes= (more nodes to start from) needs a Redis Cluster (cluster=1), got {redact_url(url)!r}")
     ours.setdefault("retry_s", DEFAULT_CLUSTER_RETRY_S if cluster else 0.0)
     try:
         from redis.backoff import ExponentialBackoff
@@ -157,13 +177,13 @@ def open_client(url: str) -> tuple[Any, str, dict[str, Any]]:
 
         if cluster:  # _cluster_client sets its own retries (see there)
             if scheme == "unix":
-                raise CacheURLError(f"cluster=1 needs a redis:// or rediss:// URL, got {redact(url)!r}")
+                raise CacheURLError(f"cluster=1 needs a redis:// or rediss:// URL, got {redact_url(url)!r}")
             if parts.path.strip("/") not in ("", "0"):
-                raise CacheURLError(f"a Redis Cluster has only database 0, got {redact(url)!r}")
+                raise CacheURLError(f"a Redis Cluster has only database 0, got {redact_url(url)!r}")
             ours["replica_reads"] = replica_reads is not False
-            breaker = open_breaker(server_key(redact(url)), seeds)
+            breaker = open_breaker(server_key(redact_url(url)), seeds)
             if breaker.open_for() > 0:
-                raise CacheUnavailableError(f"Redis cluster at {redact(url)} cannot be reached ({breaker.reason}); "
+                raise CacheUnavailableError(f"Redis cluster at {redact_url(url)} cannot be reached ({breaker.reason}); "
                                             f"not trying again for {breaker.open_for():.1f} s more")
             guard = OpenGuard()
             try:
@@ -176,7 +196,7 @@ def open_client(url: str) -> tuple[Any, str, dict[str, Any]]:
                 down_s = float(ours.get("down_s", DEFAULT_DOWN_S))  # type: ignore[arg-type]
                 why = f"{len(guard.timed_out)} of its nodes timed out ({timeout:g} s each) while it was opened"
                 breaker.trip(down_s, why)
-                raise CacheUnavailableError(f"Redis cluster at {redact(url)} cannot be reached: {why}; not trying "
+                raise CacheUnavailableError(f"Redis cluster at {redact_url(url)} cannot be reached: {why}; not trying "
                                             f"again for {down_s:g} s") from err
         else:
             # one quick retry for a reset connection (a server restarted, an idle connection closed); never for a
@@ -186,10 +206,10 @@ def open_client(url: str) -> tuple[Any, str, dict[str, Any]]:
     except (CacheURLError, CacheUnavailableError):
         raise
     except (ValueError, TypeError) as err:
-        raise CacheURLError(f"invalid Redis URL {redact(url)!r}: {err}") from err
+        raise CacheURLError(f"invalid Redis URL {redact_url(url)!r}: {err}") from err
     except DOWN_ERRORS as err:  # the cluster client contacts a node at construction
-        raise CacheUnavailableError(f"Redis cluster at {redact(url)} cannot be reached: {err}") from err
-    return client, redact(url), {_KWARGS.get(k, k): v for k, v in ours.items()}
+        raise CacheUnavailableError(f"Redis cluster at {redact_url(url)} cannot be reached: {err}") from err
+    return client, redact_url(url), {_KWARGS.get(k, k): v for k, v in ours.items()}
 
 
 def _cluster_client(redis_url: str, kwargs: dict[str, Any], *, replicas: bool, seeds: tuple[tuple[str, int], ...],
@@ -301,12 +321,3 @@ def redis_url_options() -> frozenset[str]:
         return frozenset({"db", "socket_timeout", "socket_connect_timeout", "socket_keepalive", "retry_on_timeout",
                           "max_connections", "health_check_interval", "ssl_check_hostname", "timeout", "protocol"})
 
-
-def redact(url: str) -> str:
-    """``url`` with its password replaced by ``***`` (for logs, errors and ``RedisCache.url``)."""
-    parts = urlsplit(url.strip())
-    if parts.password is None:
-        return url.strip()
-    user = quote(parts.username or "", safe="")
-    host = parts.netloc.rsplit("@", 1)[1]
-    return urlunsplit((parts.scheme, f"{user}:***@{host}", parts.path, parts.query, parts.fragment))

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from cache_backends.base import Cache, digest_bytes
+from cache_backends.redaction import redact_url
 from precompile import config, metrics
 from precompile._version import __version__
 from precompile.artifact.manifest import Manifest
@@ -92,7 +93,7 @@ def standalone_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], 
         except CacheURLError:
             raise
         except CacheError as err:  # e.g. a Redis Cluster down at start: an outage, not a typo
-            log.warning("cache %s cannot be opened (%s); compiling without it", cache, err)
+            log.warning("cache %s cannot be opened (%s); compiling without it", redact_url(cache), err)
     if c is None:
         if before_build is not None:
             before_build()

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from cache_backends.base import Cache, digest_bytes
+from cache_backends.redaction import redact_url
 from precompile import config, metrics
 from precompile._version import __version__
 from precompile.artifact.function_manifest import MAX_TEXT, FunctionManifest
@@ -123,7 +124,8 @@ class CompiledFunction:
         except CacheURLError:
             raise
         except CacheError as err:
-            log.warning("cache %s cannot be opened (%s); compiling %s without it", self._cache_arg, err, self.key[:12])
+            log.warning("cache %s cannot be opened (%s); compiling %s without it", redact_url(self._cache_arg), err,
+                        self.key[:12])
         start = time.perf_counter()
         if self._cache is None:
             self._build(args, kwargs)

@@ -15,7 +15,7 @@ import logging
 import os
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable
 
 log = logging.getLogger("precompile")
@@ -28,7 +28,7 @@ class Job:
     recipe: str
     shape: str
     config: str | None
-    cache: str
+    cache: str = field(repr=False)  # the URL as given (it opens the cache), secrets and all: never shown
     device: str = "cpu"
     dtype: str | None = None
     options_json: str | None = None

@@ -50,6 +50,7 @@ from typing import Any
 import torch
 
 from cache_backends.base import HEX64
+from cache_backends.redaction import redact_url
 from precompile import config
 from precompile._version import __version__
 from precompile.integrations.vllm import shim
@@ -215,7 +216,7 @@ class PrecompileAdaptor(shim.compiler_interface_base()):  # type: ignore[misc]
             self.cache = open_cache(self.cache_spec)
         except CacheError as err:
             log.warning("precompile cache %s cannot be opened (%s); vLLM's graphs are compiled without it",
-                        self.cache_spec or config.default_cache_url(), err)
+                        redact_url(self.cache_spec or config.default_cache_url()), err)
             self.cache = None
 
     def _fallback(self, err: Exception) -> Any:
