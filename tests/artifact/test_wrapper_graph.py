@@ -262,6 +262,28 @@ def test_a_convolution_is_right_as_the_first_call_of_a_fresh_process(tmp_path):
     scope = build(json.loads(data)).__globals__
     assert scope["__builtins__"].keys() == {"__import__"}
     assert scope["__builtins__"]["__import__"]("torch") is torch
-    with pytest.raises(ImportError, match="only torch's modules"):
+    with pytest.raises(ImportError, match="imports only torch, torch.cuda, not 'tabnanny'"):
         scope["__builtins__"]["__import__"]("tabnanny")  # a harmless stdlib module nothing here imports
     assert "tabnanny" not in sys.modules
+
+
+def test_the_wrapper_imports_only_what_torch_asks_of_it():
+    """Issue 39: the wrapper's ``__import__`` hands out ``torch`` (torch's argument parser asks for it) and
+    ``torch.cuda`` (a first CUDA allocation's lazy init asks for it; tests/inductor/test_gpu_wrapper_graph.py runs
+    that path), as ``__import__`` returns them, and refuses every other module, loaded or not, with its name."""
+    import sys
+
+    gm = torch.fx.symbolic_trace(Gemms())
+    graph, _, _ = wrapper_graph(gm, [torch.randn(8, 16), torch.randn(16, 4), torch.randn(4)])
+    imp = build(json.loads(json.dumps(wg.to_data(graph)))).__globals__["__builtins__"]["__import__"]
+    assert imp("torch") is torch and imp("torch", None, None, [], 0) is torch
+    assert imp("torch.cuda") is torch and imp("torch.cuda", None, None, ["__doc__"], 0) is torch.cuda
+    before = set(sys.modules)
+    for name in ("os", "subprocess", "ctypes", "torch.utils.cpp_extension", "builtins", "importlib", "sys",
+                 "torch.utils", "torch._dynamo", "torchvision"):
+        with pytest.raises(ImportError, match=f"not {name!r}") as refused:
+            imp(name, None, None, ["__doc__"], 0)
+        assert refused.value.name == name
+    with pytest.raises(ImportError, match="relative"):
+        imp("cuda", None, None, [], 1)
+    assert set(sys.modules) == before  # nothing was imported on the way

@@ -5,7 +5,7 @@ allocations and size arithmetic whose bounds the graph does not fix are checked 
 
 from __future__ import annotations
 
-import builtins
+import importlib
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -85,6 +85,16 @@ def build(data: Any, launch: Callable[..., Any] | None = None) -> Callable[..., 
     return scope["wrapper"]
 
 
+#: The modules the C code run by a wrapper graph's calls imports through the wrapper's builtins (CPython's
+#: ``PyImport_Import``: pybind11's ``module_::import``, ``PyImport_ImportModule``), and nothing else: ``torch``,
+#: which torch's argument parser imports on first use for ``torch.SymInt``/``SymBool``/``SymFloat``
+#: (torch/csrc/utils/python_symnode.cpp; recorded by running tests/artifact/test_wrapper_graph*.py and
+#: test_no_host_code.py, the only name asked), and ``torch.cuda``, which ``torch::utils::device_lazy_init``
+#: (torch/csrc/utils/device_lazy_init.cpp) imports for ``_lazy_init`` at a process's first CUDA allocation
+#: (``empty_strided`` on a GPU graph; read from the source, not recorded here: no GPU).
+WRAPPER_IMPORTS = frozenset({"torch", "torch.cuda"})
+
+
 def _import_loaded(name: str, globals: Any = None, locals: Any = None, fromlist: Any = (),  # noqa: A002
                    level: int = 0) -> Any:
     """The one builtin the generated wrapper's globals hold, for the C code its calls run, never for the wrapper.
@@ -94,15 +104,20 @@ def _import_loaded(name: str, globals: Any = None, locals: Any = None, fromlist:
     ``torch`` that way on first use (``torch.SymBool`` for a ``bool`` argument, ``torch.SymInt``...), so without
     this the first such call in a process, ``aten::convolution``'s ``transposed``, raised
     ``KeyError: '__import__'``.  The generated code never names it (its names are ``v<i>``, ``t<i>``, ``c<n>``...
-    bound by :func:`build`, and stored strings are ``repr``'d).  It returns a module already imported, or imports
-    one of torch's own; anything else is an ImportError.
+    bound by :func:`build`, and stored strings are ``repr``'d).
+
+    It imports (or hands out, when loaded) only the modules of :data:`WRAPPER_IMPORTS`, as ``__import__`` returns
+    them (the top package, or the module itself with a ``fromlist``, whose names it never imports).
+
+    Raises:
+        ImportError: ``name`` is not on :data:`WRAPPER_IMPORTS` (``os``, ``builtins``, ``torch.utils.cpp_extension``:
+            loaded or not), or the import is relative (``level`` > 0); the error names the module.
     """
-    top = name.partition(".")[0]
-    if level != 0 or top != "torch" and name not in sys.modules:
-        raise ImportError(f"a wrapper graph's call imports only torch's modules, not {name!r}")
-    if name not in sys.modules:
-        return builtins.__import__(name, None, None, fromlist, 0)
-    return sys.modules[name] if fromlist else sys.modules[top]
+    if level != 0 or name not in WRAPPER_IMPORTS:
+        raise ImportError(f"a wrapper graph's call imports only {', '.join(sorted(WRAPPER_IMPORTS))}, not "
+                          f"{name!r}{' (relative)' if level else ''}", name=name)
+    module = importlib.import_module(name)
+    return module if fromlist else sys.modules[name.partition(".")[0]]
 
 
 def _checked(i: int, how: tuple[Any, ...], spec: dict[str, Any], target: Any, scope: dict[str, Any]) -> str:
