@@ -118,7 +118,11 @@ def scrub(text: str, url: object) -> str:
     more) replaced by ``***`` where it is not part of a longer word (a masked fragment ``#frag`` leaves
     "fragment" alone): for messages not built from :func:`redact_url` (a parser's echo of a raw option, a
     library's exception)."""
-    for secret in url_secrets(url):
+    return _scrub(text, url_secrets(url))
+
+
+def _scrub(text: str, secrets: tuple[str, ...]) -> str:
+    for secret in secrets:
         if len(secret) >= MIN_SCRUBBED and secret in text:
             text = re.sub(rf"(?<![A-Za-z0-9]){re.escape(secret)}(?![A-Za-z0-9])", MASK, text)
     return text
@@ -138,14 +142,14 @@ def scrub_error(err: BaseException, url: object) -> None:
         if id(exc) in seen:
             continue
         seen.add(id(exc))
-        args = tuple(scrub(a, url) if isinstance(a, str) else a for a in exc.args)
+        args = tuple(_scrub(a, secrets) if isinstance(a, str) else a for a in exc.args)
         if args != exc.args:
             exc.args = args
         if isinstance(exc, OSError):
             for name in ("filename", "filename2"):
                 value = getattr(exc, name, None)
-                if isinstance(value, str) and scrub(value, url) != value:
-                    setattr(exc, name, scrub(value, url))
+                if isinstance(value, str) and _scrub(value, secrets) != value:
+                    setattr(exc, name, _scrub(value, secrets))
         stack.extend(e for e in (exc.__cause__, exc.__context__) if e is not None)
 
 

@@ -90,7 +90,7 @@ def read_set(url: str, keys: int) -> list[Entry]:
             break
     cache.close()
     if len(out) < keys:
-        raise SystemExit(f"{url} holds {len(out)} whole graph artifacts, {keys} wanted")
+        raise SystemExit(f"{cache.url} holds {len(out)} whole graph artifacts, {keys} wanted")
     return out
 
 
