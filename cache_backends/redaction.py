@@ -22,8 +22,8 @@ What is shown, and why (each secret becomes ``***``):
   masked: an unknown option is an error anyway, which names the option; its value may be a secret under a misspelt
   name.  A query item without ``=`` that is not an option's name is masked whole.
 - ``nodes=``: each entry's userinfo password, as for the URL's own.
-- options are split on ``&``, ``;``, a second ``?`` and ``#`` (a fragment is read as options too): ``?ttl=5?password=PW``
-  masks ``PW``, where urllib would read ``5?password=PW`` as the value of ``ttl``.
+- options are split on ``&``, ``;``, a second ``?`` and ``#`` (a fragment is read as options too):
+  ``?ttl=5?password=PW`` masks ``PW``, where urllib would read ``5?password=PW`` as the value of ``ttl``.
 - two URLs joined by ``|`` (a tiered cache), or a list of them, are redacted each; a ``|`` followed by something
   that does not start a URL is taken as part of a password.
 

@@ -114,8 +114,9 @@ def _open(url: str | Sequence[str], create: bool) -> Cache:
     _register_builtin()
     if "://" not in url:
         if not (url.startswith("/") or url.startswith("~")):
-            raise CacheURLError(f"{redact_url(url)!r} is not a cache URL: use file:///absolute/dir (or an absolute path), "
-                                "redis://host:6379/0, rediss://, unix:///path/redis.sock, or two of them joined by |")
+            raise CacheURLError(f"{redact_url(url)!r} is not a cache URL: use file:///absolute/dir (or an absolute "
+                                "path), redis://host:6379/0, rediss://, unix:///path/redis.sock, or two of them "
+                                "joined by |")
         url = "file://" + os.path.abspath(os.path.expanduser(url))
     try:
         scheme = urlsplit(url).scheme.lower()
@@ -241,8 +242,8 @@ def _require_directory(url: str) -> None:
         return
     if not os.path.isdir(path):
         what = "is not a directory" if os.path.exists(path) else "does not exist"
-        raise CacheUnavailableError(f"no cache at {redact_url(url)}: {path} {what} (nothing was created; a command that "
-                                    "writes, such as warmup or import, creates it)")
+        raise CacheUnavailableError(f"no cache at {redact_url(url)}: {path} {what} (nothing was created; a command "
+                                    "that writes, such as warmup or import, creates it)")
 
 
 def probe(cache: Cache) -> None:

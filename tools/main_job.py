@@ -52,12 +52,18 @@ def _parse() -> argparse.Namespace:
 
 
 def _cache_url(args: argparse.Namespace) -> str:
+    """The cache URL as given, checked by opening it here (and the cache made); not the cache's ``url``, whose
+    secrets are masked: it would not reopen a cache behind a password."""
     from cache_backends.registry import open_cache
+    from precompile import config
 
-    return open_cache(args.cache).url
+    open_cache(args.cache).close()
+    return args.cache or config.default_cache_url()
 
 
 def warm(args: argparse.Namespace, url: str) -> float:
+    from cache_backends.redaction import redact_url
+
     start = time.perf_counter()
     for recipe in args.recipes.split(","):
         cmd = [sys.executable, "-m", "precompile", "warmup", recipe, "--shapes", args.shapes, "--cache", url,
@@ -68,7 +74,7 @@ def warm(args: argparse.Namespace, url: str) -> float:
             cmd += ["--options", args.options]
         if args.config and recipe != "minilm":
             cmd += ["--config", args.config]
-        print("$", " ".join(cmd[2:]), flush=True)
+        print("$", " ".join(redact_url(c) if c == url else c for c in cmd[2:]), flush=True)
         subprocess.run(cmd, check=True)
     return time.perf_counter() - start
 

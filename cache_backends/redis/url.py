@@ -169,7 +169,8 @@ def _open_client(url: str) -> tuple[Any, str, dict[str, Any]]:
         raise CacheURLError(f"replica_reads=1 needs a Redis Cluster (cluster=1), got {redact_url(url)!r}")
     seeds = ours.pop("nodes", ())
     if seeds and not cluster:
-        raise CacheURLError(f"nodes= (more nodes to start from) needs a Redis Cluster (cluster=1), got {redact_url(url)!r}")
+        raise CacheURLError(f"nodes= (more nodes to start from) needs a Redis Cluster (cluster=1), got "
+                            f"{redact_url(url)!r}")
     ours.setdefault("retry_s", DEFAULT_CLUSTER_RETRY_S if cluster else 0.0)
     try:
         from redis.backoff import ExponentialBackoff

@@ -92,6 +92,7 @@ def main(argv=None) -> int:
 
     import precompile
     from cache_backends import open_cache
+    from cache_backends.redaction import redact_url
     from precompile.config import setup_logging
     from precompile.errors import CacheError, CacheURLError
 
@@ -118,7 +119,8 @@ def main(argv=None) -> int:
     except CacheURLError:
         raise
     except CacheError as err:  # an outage at start (a cluster's seed node down): compile uncached
-        logging.getLogger("precompile").warning("cache %s cannot be opened (%s); compiling without it", a.url, err)
+        logging.getLogger("precompile").warning("cache %s cannot be opened (%s); compiling without it",
+                                                redact_url(a.url), err)
         cache = None
     keys = []
     for k in order:
