@@ -69,6 +69,9 @@ def open_cache(url: str | Cache | Sequence[str] | None = None, *, create: bool =
             instead of a new, empty cache (nothing is created).  Remote tiers are not contacted here (see
             :func:`probe`).
 
+    The cache's ``url`` and every error raised here (its message and the errors it was raised from) show the URL
+    with its secrets masked (:mod:`cache_backends.redaction`); the URL as given is kept only to connect.
+
     Raises:
         CacheURLError: the URL is malformed, relative, names a scheme no backend handles, or has a bad option.
         TrustConfigError: a ``verify_keys=`` or ``signing_key=`` option (of any tier) names a key that cannot be
