@@ -57,7 +57,8 @@ class Artifact:
 
     def __init__(self, manifest: Manifest, blobs: Mapping[str, bytes], *, engine: Callable[..., Any] | None = None,
                  bound: dict[int, torch.Tensor] | None = None, source: str = "compiled",
-                 blob_reader: Callable[[list[str]], dict[str, bytes]] | None = None, cache: Cache | None = None):
+                 blob_reader: Callable[[list[str]], dict[str, bytes]] | None = None, cache: Cache | None = None,
+                 calls: CallChecks | None = None):
         self.manifest = manifest
         self.key = manifest.key
         self.source = source
@@ -69,7 +70,8 @@ class Artifact:
         self._engine_lock = threading.Lock()
         self._bound: dict[int, torch.Tensor] = dict(bound or {})
         self._bound_idx = frozenset(self._bound)  # the placeholders a call's check skips (checked at binding)
-        self._calls = CallChecks(manifest.placeholders, manifest.shapes)
+        # the input checks depend on the manifest only (a sibling shares them: guards are compiled once per key)
+        self._calls = calls if calls is not None else CallChecks(manifest.placeholders, manifest.shapes)
         self._checks = self._calls.checks
         self.cache = cache
         self._misaligned_warned: set[int] = set()
@@ -286,7 +288,8 @@ class Artifact:
             whatever building the engine raises, when it is not built yet.
         """
         twin = Artifact(self.manifest, self._blobs, engine=self.engine, bound=bound, source=self.source,
-                        blob_reader=self._blob_reader, cache=cache if cache is not None else self.cache)
+                        blob_reader=self._blob_reader, cache=cache if cache is not None else self.cache,
+                        calls=self._calls)
         twin.engine_kind = self.engine_kind
         twin.no_host_code = self.no_host_code
         twin.outcome = "hit"
