@@ -9,8 +9,10 @@ checks and call counters.
 
 Why sharing is safe:
 
-- A key names content: the sha256 of the canonical graph (its constants included), the input specs, the options,
-  the ambient state and the environment (:mod:`precompile.key.plan`).  Two graphs with one key compile to one thing.
+- A key names content: the sha256 of the canonical graph, the input specs, the options, the ambient state and the
+  environment (:mod:`precompile.key.plan`).  Two graphs with one key compile to one thing.  Weights and constants
+  are inputs (a ``get_attr`` tensor becomes a placeholder bound to the caller's tensor,
+  :func:`precompile.key.graph.normalize_graph`), so each sibling binds its own.
 - The engine keeps nothing between calls: Inductor's wrapper ``call`` (the fast and the portable path) and the graph
   engine allocate their outputs on every call and read only their arguments; the kernels they load are immutable.
   So each piece keeps its own inputs and outputs, and two pieces may run at once from two threads
