@@ -14,6 +14,7 @@ from cache_backends.base import Cache, digest_bytes
 from cache_backends.redaction import redact_url
 from precompile import config, metrics
 from precompile._version import __version__
+from precompile.artifact import trust
 from precompile.artifact.manifest import Manifest
 from precompile.errors import BuildError, CacheError, CacheURLError, PrecompileError
 from precompile.key import fingerprint, sdpa, symbolic
@@ -21,6 +22,7 @@ from precompile.key.graph import NormalizedGraph, canonical_json, readable_code
 from precompile.key.plan import DYNAMIC_SHAPES, Plan, compute_key, input_specs, prepare  # noqa: F401 - re-exported
 from precompile.loader.artifact import Artifact
 from precompile.metrics import safe_incr, warn_once
+from precompile.store import shared
 from precompile.store.cache_io import load_from_cache, store
 from precompile.store.coordination import get_or_build
 
@@ -99,20 +101,28 @@ def standalone_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], 
             before_build()
         return build(norm, plan)
 
+    policy = trust.policy(c)
+
     def load_stored() -> Artifact | None:
         start = time.perf_counter()
-        # the key was computed here, from this environment: no need to compare fingerprints again
-        art = load_from_cache(key, c, bound=norm.bound, check_env=False)
-        if art is None:
-            return None
-        try:
-            art.engine  # build the callable now, so the load time is honest and failures are a miss
-        except Exception as err:  # noqa: BLE001 - a stored artifact that does not load is rebuilt
-            warn_once(c, f"artifact {key[:12]} from {c.url} failed to load ({type(err).__name__}: {err}); "
-                         "rebuilding it", kind="engine load")
-            safe_incr(c, errors=1)
-            metrics.note_miss("load_failed")
-            return None
+        with shared.loading(key):  # one read and load per key per process (pieces of one key share it)
+            art = shared.sibling(key, policy, bound=norm.bound, cache=c)
+            if art is not None:
+                log.info("cache hit %s (%s): shared with an earlier load of this process", key[:12], c.url)
+                return art
+            # the key was computed here, from this environment: no need to compare fingerprints again
+            art = load_from_cache(key, c, bound=norm.bound, check_env=False, policy=policy)
+            if art is None:
+                return None
+            try:
+                art.engine  # build the callable now, so the load time is honest and failures are a miss
+            except Exception as err:  # noqa: BLE001 - a stored artifact that does not load is rebuilt
+                warn_once(c, f"artifact {key[:12]} from {c.url} failed to load ({type(err).__name__}: {err}); "
+                             "rebuilding it", kind="engine load")
+                safe_incr(c, errors=1)
+                metrics.note_miss("load_failed")
+                return None
+            shared.remember(art, policy)
         art.load_seconds = time.perf_counter() - start
         log.info("cache hit %s (%s) in %.3f s", key[:12], c.url, art.load_seconds)
         return art
@@ -126,6 +136,7 @@ def standalone_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], 
         safe_incr(c, builds=1)
         if store(c, art):
             log.info("stored %s in %s (%d bytes)", key[:12], c.url, art.manifest.total_bytes())
+        shared.remember(art, policy)  # later pieces of this key in this process use it, without reading it back
         return art
 
     started, remote_errors = time.perf_counter(), getattr(c, "remote_errors", 0)

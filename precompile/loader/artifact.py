@@ -57,7 +57,8 @@ class Artifact:
 
     def __init__(self, manifest: Manifest, blobs: Mapping[str, bytes], *, engine: Callable[..., Any] | None = None,
                  bound: dict[int, torch.Tensor] | None = None, source: str = "compiled",
-                 blob_reader: Callable[[list[str]], dict[str, bytes]] | None = None, cache: Cache | None = None):
+                 blob_reader: Callable[[list[str]], dict[str, bytes]] | None = None, cache: Cache | None = None,
+                 calls: CallChecks | None = None):
         self.manifest = manifest
         self.key = manifest.key
         self.source = source
@@ -69,7 +70,8 @@ class Artifact:
         self._engine_lock = threading.Lock()
         self._bound: dict[int, torch.Tensor] = dict(bound or {})
         self._bound_idx = frozenset(self._bound)  # the placeholders a call's check skips (checked at binding)
-        self._calls = CallChecks(manifest.placeholders, manifest.shapes)
+        # the input checks depend on the manifest only (a sibling shares them: guards are compiled once per key)
+        self._calls = calls if calls is not None else CallChecks(manifest.placeholders, manifest.shapes)
         self._checks = self._calls.checks
         self.cache = cache
         self._misaligned_warned: set[int] = set()
@@ -84,6 +86,7 @@ class Artifact:
         self.engine_kind: str | None = "compiled" if engine is not None else None
         self.primer: Any = None
         self.no_host_code: bool | None = None
+        self.shared_from: Artifact | None = None
 
     # -------------------------------------------------------------------------------------------- calling
     @property
@@ -275,6 +278,23 @@ class Artifact:
 
                     self._engine = build_engine(self)
         return self._engine
+
+    def sibling(self, *, bound: dict[int, torch.Tensor] | None = None, cache: Cache | None = None) -> Artifact:
+        """A new artifact of the same key sharing this one's manifest, blobs and engine (built here if it is not
+        yet), with its own bound weights, input checks and call counters: what a second piece of one key gets
+        (:mod:`precompile.store.shared`).  Its ``outcome`` is ``"hit"`` and its ``load_seconds`` 0.
+
+        Raises:
+            whatever building the engine raises, when it is not built yet.
+        """
+        twin = Artifact(self.manifest, self._blobs, engine=self.engine, bound=bound, source=self.source,
+                        blob_reader=self._blob_reader, cache=cache if cache is not None else self.cache,
+                        calls=self._calls)
+        twin.engine_kind = self.engine_kind
+        twin.no_host_code = self.no_host_code
+        twin.outcome = "hit"
+        twin.shared_from = self.shared_from or self  # keeps the shared entry alive while any sibling lives
+        return twin
 
     # ------------------------------------------------------------------------------------------- blobs
     def blob(self, digest: str) -> bytes:

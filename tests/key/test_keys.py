@@ -224,6 +224,34 @@ def test_options_change_the_key_and_defaults_do_not(baseline):
     assert key_of(gm, inputs, options={"cpp.simdlen": 8}) != base
 
 
+def test_the_callers_inductor_config_is_read_at_every_key(baseline):
+    """The effective config is remembered per state of Inductor's config (vLLM's pieces key under one state): an
+    assignment, a change made in place to a dict option, a patch and their undoing each show in the next key."""
+    from torch._inductor import config
+
+    gm, inputs = _graphs.graph("dynamo")
+    base = baseline["dynamo"]
+    assert key_of(gm, inputs) == base == key_of(gm, inputs)
+    saved = config.comment_origin
+    try:
+        config.comment_origin = not saved
+        flipped = key_of(gm, inputs)
+        assert flipped != base
+    finally:
+        config.comment_origin = saved
+    assert key_of(gm, inputs) == base
+    with config.patch({"comment_origin": not saved}):
+        assert key_of(gm, inputs) == flipped
+    assert key_of(gm, inputs) == base
+    fusions = config.post_grad_fusion_options
+    try:
+        fusions["precompile_test_marker"] = {}  # changed in place: the same object, another value
+        assert key_of(gm, inputs) not in (base, flipped)
+    finally:
+        fusions.pop("precompile_test_marker", None)
+    assert key_of(gm, inputs) == base
+
+
 def test_dynamic_shapes_mode_keys_what_it_changes(baseline):
     """A static graph compiles the same in every mode (one key); a graph with symbolic sizes is specialized by
     from_example_inputs and kept symbolic by from_graph (two keys, the symbols' ranges a factor)."""

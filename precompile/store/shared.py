@@ -1,0 +1,104 @@
+"""One load per key per process: later lookups of a key this process loaded or built share that artifact.
+
+vLLM splits a model at its attention ops into pieces and compiles each piece for each compile range; at depth the
+pieces between two attention ops are one graph, so 28 of a 28-layer model's 29 pieces share one key.  Without
+sharing, each of them reads the entry again, verifies it again and loads its kernels again.  With it, the first
+lookup of a key reads, verifies and loads; every later lookup of the same key (under the same trust) gets a sibling
+:class:`~precompile.loader.artifact.Artifact`: the same manifest, blobs and engine, its own bound weights, input
+checks and call counters.
+
+Why sharing is safe:
+
+- A key names content: the sha256 of the canonical graph, the input specs, the options, the ambient state and the
+  environment (:mod:`precompile.key.plan`).  Two graphs with one key compile to one thing.  Weights and constants
+  are inputs (a ``get_attr`` tensor becomes a placeholder bound to the caller's tensor,
+  :func:`precompile.key.graph.normalize_graph`), so each sibling binds its own.
+- The engine keeps nothing between calls: Inductor's wrapper ``call`` (the fast and the portable path) and the graph
+  engine allocate their outputs on every call and read only their arguments; the kernels they load are immutable.
+  So each piece keeps its own inputs and outputs, and two pieces may run at once from two threads
+  (tests/store/test_shared_loads.py checks outputs against eager, interleaved and concurrent).
+- Entries are keyed by the key *and* the trust it was verified under (the verify keys' ids and the no-host-code
+  requirement, :func:`trust_id`): a call with a stricter policy never receives an entry a laxer one accepted.
+- Entries are held weakly: an entry lives as long as some artifact that shares it, no longer.
+
+Counted as a hit (``hits``) like any other; only the reading, verifying and loading are skipped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import weakref
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from precompile.artifact.trust import Policy
+    from precompile.loader.artifact import Artifact
+
+_lock = threading.Lock()
+_entries: weakref.WeakValueDictionary[tuple[str, Any], Artifact] = weakref.WeakValueDictionary()
+_key_locks: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
+
+
+class _KeyLock:
+    """A lock for one key (weakly held in :data:`_key_locks`; a plain ``threading.Lock`` cannot be)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+
+
+def trust_id(policy: Policy | None) -> tuple[frozenset[str], bool]:
+    """What of a trust policy decides whether an entry may load: the ids of its verify keys and its no-host-code
+    requirement (:class:`precompile.artifact.trust.Policy`).  None (no policy resolved) is the empty policy."""
+    if policy is None:
+        return frozenset(), False
+    return frozenset(policy.verify), bool(policy.no_host_code)
+
+
+@contextlib.contextmanager
+def loading(key: str) -> Iterator[None]:
+    """Hold the key's lock while the block reads and loads it: two threads that miss the shared entry of one key
+    at once read the cache once (the second finds the first's entry when it gets the lock)."""
+    with _lock:
+        holder = _key_locks.get(key)
+        if holder is None:
+            holder = _key_locks[key] = _KeyLock()
+    with holder.lock:
+        yield
+
+
+def sibling(key: str, policy: Policy | None, *, bound: dict[int, Any] | None = None, cache: Any = None
+            ) -> Artifact | None:
+    """A new artifact sharing the loaded entry of ``key`` under ``policy``'s trust, or None if this process has none.
+
+    Args:
+        key: the artifact key (64 hex).
+        policy: the call's trust policy (see :func:`trust_id`).
+        bound: the caller's weights by placeholder index (each sibling binds its own).
+        cache: the cache the caller looked in (counted in, as a load from it is).
+    """
+    with _lock:
+        first = _entries.get((key, trust_id(policy)))
+    return None if first is None else first.sibling(bound=bound, cache=cache)
+
+
+def remember(art: Artifact, policy: Policy | None) -> None:
+    """Offer ``art`` (its engine built, so a failed load is never shared) to later lookups of its key under
+    ``policy``'s trust.  A key already held keeps its first entry."""
+    if art.engine_kind is None:
+        raise ValueError(f"artifact {art.key[:12]} has no engine yet; only a loaded artifact can be shared")
+    with _lock:
+        _entries.setdefault((art.key, trust_id(policy)), art)
+
+
+def held() -> int:
+    """How many entries this process holds now (each a key x trust, alive while an artifact shares it)."""
+    with _lock:
+        return len(_entries)
+
+
+def forget() -> None:
+    """Drop every entry (artifacts already handed out keep working): the next lookup of each key reads the cache."""
+    with _lock:
+        _entries.clear()
