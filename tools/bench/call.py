@@ -2,9 +2,9 @@
 """Steady cost of one call: precompile's loaded artifact against torch's loaded ``CompiledArtifact`` and the fresh
 compile, side by side in one process.
 
-    python tools/bench_call.py [--device cpu|cuda] [--cases a,b] [--calls 300] [--rounds 5] [--json]
+    python tools/bench/call.py [--device cpu|cuda] [--cases a,b] [--calls 300] [--rounds 5] [--json]
 
-Rows: the graphs of ``tools/bench_coverage.py`` for the device, plus a 12-layer ``Linear(64, 64)`` MLP at batch 4
+Rows: the graphs of ``tools/bench/coverage.py`` for the device, plus a 12-layer ``Linear(64, 64)`` MLP at batch 4
 (25 placeholders: where per-input cost shows), static and with a dynamic batch.  Per row, a build process captures
 the graph with Dynamo (``no_grad``), compiles it with ``torch._inductor.standalone_compile`` and saves torch's
 artifact, and compiles it with ``precompile.standalone_compile`` into a fresh cache.  A second fresh process then
@@ -28,10 +28,11 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE.parent)]
+REPO = Path(__file__).resolve().parents[2]
+if __name__ == "__main__":  # run by path: the repository root in place of this folder (tools/__init__.py)
+    sys.path[0] = str(REPO)
 
-from tools.bench_coverage import CPU_CASES, GPU_CASES  # noqa: E402
+from tools.bench.coverage import CPU_CASES, GPU_CASES  # noqa: E402
 
 EXTRA = ("mlp12_static", "mlp12_dynamic")
 
@@ -61,7 +62,7 @@ def phase_build(a: argparse.Namespace, work: Path) -> dict:
     from torch._inductor.utils import fresh_cache
 
     import precompile
-    from tools.coverage_cases import build_case
+    from tools.cases.graphs import build_case
 
     case = build_case(a.case, a.device)
     gm, example = case.capture()
@@ -81,7 +82,7 @@ def phase_measure(a: argparse.Namespace, work: Path, key: str) -> dict:
     import torch
 
     import precompile
-    from tools.coverage_cases import build_case
+    from tools.cases.graphs import build_case
 
     case = build_case(a.case, a.device)
     gm, example = case.capture()
@@ -128,7 +129,7 @@ def phase_measure(a: argparse.Namespace, work: Path, key: str) -> dict:
 
 def _child(a: argparse.Namespace, work: Path, case: str, phase: str, key: str = "") -> dict:
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(work / "inductor"),
-               PYTHONPATH=os.pathsep.join(p for p in (str(HERE.parent), os.environ.get("PYTHONPATH")) if p))
+               PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p))
     cmd = [sys.executable, str(Path(__file__).resolve()), "--phase", phase, "--case", case, "--device", a.device,
            "--workdir", str(work), "--calls", str(a.calls), "--rounds", str(a.rounds)] + (["--cases", key] if key else [])
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)

@@ -16,10 +16,10 @@ is timed.  ``PYTHONDONTWRITEBYTECODE`` is unset for every process (``PYTHONPYCAC
 dir), and one untimed round of both loads runs first, so torch's and precompile's Python is byte-compiled before
 anything is timed, as in a deployed image.
 
-    python tools/bench_coverage.py                       # CPU rows
-    python tools/bench_coverage.py --device cuda         # CPU-kind rows on the GPU, plus triton_op, multi-kernel,
+    python tools/bench/coverage.py                       # CPU rows
+    python tools/bench/coverage.py --device cuda         # CPU-kind rows on the GPU, plus triton_op, multi-kernel,
                                                          # max_autotune
-    python tools/bench_coverage.py --device cuda --no-host-code   # rows with a wrapper graph load through it
+    python tools/bench/coverage.py --device cuda --no-host-code   # rows with a wrapper graph load through it
 
 The "wrapper" column says which wrapper each artifact carries: ``graph`` (the wrapper stored as data, no host code:
 a static CUDA graph Inductor's FX wrapper expresses) or ``python`` (with the build's reason).
@@ -37,8 +37,9 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE.parent)]
+REPO = Path(__file__).resolve().parents[2]
+if __name__ == "__main__":  # run by path: the repository root in place of this folder (tools/__init__.py)
+    sys.path[0] = str(REPO)
 
 CPU_CASES = ("static_mlp", "mlp_requires_grad", "dynamic_batch", "kv_decode", "llama_dynamic_seq")
 GPU_CASES = ("triton_op", "multi_kernel", "max_autotune")
@@ -99,7 +100,7 @@ def phase_build_torch(a: argparse.Namespace, work: Path) -> dict:
     import torch
     from torch._inductor.utils import fresh_cache
 
-    from tools.coverage_cases import build_case
+    from tools.cases.graphs import build_case
 
     case = build_case(a.case, a.device)
     gm, example = case.capture()
@@ -119,7 +120,7 @@ def phase_build(a: argparse.Namespace, work: Path) -> dict:
     import torch
 
     import precompile
-    from tools.coverage_cases import build_case
+    from tools.cases.graphs import build_case
 
     case = build_case(a.case, a.device)
     gm, example = case.capture()
@@ -214,7 +215,7 @@ def phase_load(a: argparse.Namespace, work: Path, which: str, key: str, url: str
 def phase_eager(a: argparse.Namespace, work: Path) -> dict:
     import torch
 
-    from tools.coverage_cases import build_case
+    from tools.cases.graphs import build_case
 
     case = build_case(a.case, a.device)
     model, inputs = case.model, _clone(case.inputs)
@@ -233,7 +234,7 @@ def _env(work: Path, name: str) -> dict:
     d = Path(tempfile.mkdtemp(prefix=f"inductor-{name}-", dir=work))
     env["TORCHINDUCTOR_CACHE_DIR"] = str(d)
     env["TRITON_CACHE_DIR"] = str(d / "triton")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE.parent), env.get("PYTHONPATH")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
     env.setdefault("HF_HUB_OFFLINE", "1")
     return env
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env python
 """Fleet cold start: N workers compile one model at once through Redis — precompile vs torch's remote cache.
 
-(This was ``tools/bench_fleet.py`` until issue 29 gave that name to the storm benchmark; the commands of the
-2026-11-22 section of docs/benchmarks.md are this tool's, with the same flags.)
+(This was ``bench_fleet.py`` until issue 29 gave that name to the storm benchmark, now ``python -m
+tools.bench.fleet``; the commands of the 2026-11-22 section of docs/benchmarks.md are this tool's, with the same
+flags.)
 
 Fleet part.  For each N of ``--workers`` and each scenario, a fresh ``redis-server`` (empty, no persistence, on
 a free loopback port) is started and N worker processes cold-start the same model at the same shape:
@@ -33,8 +34,8 @@ against one redis-py ``GET`` of the same bytes stored under one plain key; media
 clients with a 120 s socket timeout).  The 1-minute load average at start and end is reported: other work
 sharing the cores shows in the wall and CPU seconds.
 
-    python tools/bench_fleet_torch.py --workers 4,8
-    python tools/bench_fleet_torch.py --workers 2 --skip-throughput --json
+    python tools/bench/fleet_torch.py --workers 4,8
+    python tools/bench/fleet_torch.py --workers 2 --skip-throughput --json
 """
 
 from __future__ import annotations
@@ -55,8 +56,7 @@ from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
+ROOT = Path(__file__).resolve().parents[2]
 log = logging.getLogger("bench_fleet_torch")
 SCENARIOS = ("precompile", "torch")
 TORCH_REMOTE_ENV = ("TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE", "TORCHINDUCTOR_AUTOGRAD_REMOTE_CACHE",

@@ -1,6 +1,6 @@
 """Whole-function loads: a fresh process loads and calls a compiled function from a warm cache, three ways.
 
-    python tools/bench_function.py [--device cpu|cuda] [--repeat 3] [--json] [--dynamo-imported]
+    python tools/bench/function.py [--device cpu|cuda] [--repeat 3] [--json] [--dynamo-imported]
 
 For each case (a 12-layer MLP module; a transformers Llama with random weights and a dynamic sequence length; a
 function with a graph break), in the same run:
@@ -35,7 +35,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 # Runs in every process: builds the case's function and inputs (deterministic) as ``fn, args, kwargs, dyn``.
 CASES = r'''

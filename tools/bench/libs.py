@@ -1,11 +1,11 @@
 #!/usr/bin/env python
-"""The library families of issue 28 (:mod:`tools.lib_cases`), cold then warm, in fresh processes, beside torch's
+"""The library families of issue 28 (:mod:`tools.cases.libs`), cold then warm, in fresh processes, beside torch's
 own warm starts.
 
-    python tools/bench_libs.py [--json] [--device cuda] [--cases a,b] [--config JSON] [--repeat 3] [--calls 40]
+    python tools/bench/libs.py [--json] [--device cuda] [--cases a,b] [--config JSON] [--repeat 3] [--calls 40]
                                [--dynamo-imported]
 
-Per case, each step a fresh process (:mod:`tools.lib_run`), the model built before the clock starts:
+Per case, each step a fresh process (:mod:`tools.cases.run_libs`), the model built before the clock starts:
 
 - **cold**: ``precompile.compile`` with an empty Inductor cache directory and an empty precompile cache;
 - **warm** (ours): an empty Inductor directory, the precompile cache the cold process filled, as a new worker;
@@ -43,21 +43,22 @@ import time
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE.parent)]
+REPO = Path(__file__).resolve().parents[2]
+if __name__ == "__main__":  # run by path: the repository root in place of this folder (tools/__init__.py)
+    sys.path[0] = str(REPO)
 
-log = logging.getLogger("precompile.tools.bench_libs")
+log = logging.getLogger("precompile.tools.bench.libs")
 
 
 class Runner:
-    """Fresh child processes of :mod:`tools.lib_run` for one case, each with its own Inductor directory."""
+    """Fresh child processes of :mod:`tools.cases.run_libs` for one case, each with its own Inductor directory."""
 
     def __init__(self, a: argparse.Namespace, work: Path, case: str) -> None:
         self.a, self.case, self.work = a, case, work / case
         self.work.mkdir(parents=True)
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONDONTWRITEBYTECODE", "PRECOMPILE_CACHE")}
         env["PYTHONPYCACHEPREFIX"] = str(work / "pycache")  # shared by every child: written once, then reused
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE.parent), env.get("PYTHONPATH")) if p)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
         env["XDG_CACHE_HOME"] = str(self.work / "xdg")
         env["BENCH_DYNAMO_IMPORTED"] = "1" if a.dynamo_imported else "0"
         self.env, self.cache, self.n = env, f"file://{self.work / 'cache'}", 0
@@ -73,7 +74,7 @@ class Runner:
 
     def __call__(self, mode: str, inductor: Path, *extra: str, tag: str = "run") -> dict[str, Any]:
         """Run mode ``mode``: the case's row of the child's JSON (with its ``frames``), or ``{"error": ...}``."""
-        cmd = [sys.executable, "-m", "tools.lib_run", mode, "--cases", self.case, "--work", str(self.work),
+        cmd = [sys.executable, "-m", "tools.cases.run_libs", mode, "--cases", self.case, "--work", str(self.work),
                "--cache", self.cache, "--device", self.a.device, "--tag", tag, *extra]
         if self.a.config:
             cmd += ["--config", self.a.config]
@@ -186,7 +187,7 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from tools.lib_cases import CASES
+    from tools.cases.libs import CASES
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
@@ -233,9 +234,9 @@ def warm_bytecode(work: Path, names: list[str]) -> None:
     (untimed), so that no timed process, cold or warm, pays for compiling Python that a deployed image has."""
     import importlib.util
 
-    from tools.lib_cases import CASES
+    from tools.cases.libs import CASES
 
-    roots = [str(HERE.parent / d) for d in ("precompile", "cache_backends", "tools")]
+    roots = [str(REPO / d) for d in ("precompile", "cache_backends", "tools")]
     for module in ["torch", *sorted({CASES[n].needs for n in names})]:
         spec = importlib.util.find_spec(module)
         if spec is not None and spec.submodule_search_locations:
@@ -247,10 +248,10 @@ def warm_bytecode(work: Path, names: list[str]) -> None:
 
 
 def _importable(module: str) -> bool:
-    """Whether the case's library imports here (torchvision through :func:`tools.lib_vision.import_torchvision`)."""
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); from tools.lib_vision import import_torchvision; "
+    """Whether the case's library imports here (torchvision through :func:`tools.cases.vision.import_torchvision`)."""
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from tools.cases.vision import import_torchvision; "
             "import_torchvision(); import timm") if module in ("torchvision", "timm") else f"import {module}"
-    return subprocess.run([sys.executable, "-c", code, str(HERE.parent)], capture_output=True).returncode == 0
+    return subprocess.run([sys.executable, "-c", code, str(REPO)], capture_output=True).returncode == 0
 
 
 if __name__ == "__main__":

@@ -28,9 +28,9 @@ its ratio to torch's load and to the unsigned load; ``--repeat`` signed and unsi
 compared), the signature check alone (``verify_ms``, median) and the one-time import of ``cryptography``'s Ed25519
 in a fresh process (``crypto_import_ms``).
 
-    python tools/bench_load.py --model llama --shape 1x32
-    python tools/bench_load.py --model tools.recipes:resnet18 --shape 16x224 --device cuda --dtype bfloat16
-    python tools/bench_load.py --model tools.recipes:transformer_blocks --shape 4x128 --json
+    python tools/bench/load.py --model llama --shape 1x32
+    python tools/bench/load.py --model tools.cases.recipes:resnet18 --shape 16x224 --device cuda --dtype bfloat16
+    python tools/bench/load.py --model tools.cases.recipes:transformer_blocks --shape 4x128 --json
 """
 
 from __future__ import annotations
@@ -45,10 +45,11 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE.parent)]
+REPO = Path(__file__).resolve().parents[2]
+if __name__ == "__main__":  # run by path: the repository root in place of this folder (tools/__init__.py)
+    sys.path[0] = str(REPO)
 
-from tools.bench_load_phases import phase_build, phase_build_ours, phase_eager, phase_load  # noqa: E402 - after the repository root is on the path
+from tools.bench.load_phases import phase_build, phase_build_ours, phase_eager, phase_load  # noqa: E402 - after the path
 
 
 def _args(argv=None) -> argparse.Namespace:
@@ -111,7 +112,7 @@ def _fresh_env(work: Path, name: str, **extra: str) -> dict:
     d = Path(tempfile.mkdtemp(prefix=f"inductor-{name}-", dir=work))
     env["TORCHINDUCTOR_CACHE_DIR"] = str(d)
     env["TRITON_CACHE_DIR"] = str(d / "triton")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE.parent), env.get("PYTHONPATH")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
     return env
 
 

@@ -1,4 +1,4 @@
-"""The phases of :mod:`tools.bench_load`, each run in its own fresh process (``bench_load.py --phase ...``)."""
+"""The phases of :mod:`tools.bench.load`, each run in its own fresh process (``bench_load.py --phase ...``)."""
 
 from __future__ import annotations
 
@@ -99,7 +99,7 @@ def phase_build_ours(a: argparse.Namespace, work: Path) -> dict:
     import precompile
 
     gm, ex, options = _graph(a)
-    if not (work / "inputs.pt").exists():  # run alone (--phase build-ours), e.g. for tools/ttfo_probe.py
+    if not (work / "inputs.pt").exists():  # run alone (--phase build-ours), e.g. for tools/profile/ttfo_probe.py
         torch.save(ex, work / "inputs.pt")
     url = "file://" + str(work / "cache")
     t = time.perf_counter()

@@ -10,8 +10,8 @@ precompile (``--pythonpath``: the checkout whose ``precompile ls`` runs, default
 same cache, output included.  The cache is filled in a process of its own: a child's ``ru_maxrss`` counts what it
 shared with its parent before ``exec``, so a parent grown by the filling inflated the first figures.
 
-    python tools/bench_ls.py --refs 20000 --work /tmp/bench-ls
-    python tools/bench_ls.py --refs 20000 --work /tmp/bench-ls --pythonpath /tmp/old-checkout
+    python tools/bench/ls.py --refs 20000 --work /tmp/bench-ls
+    python tools/bench/ls.py --refs 20000 --work /tmp/bench-ls --pythonpath /tmp/old-checkout
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _template(cache_url: str) -> dict:

@@ -13,8 +13,8 @@
 - ``cluster``: opening a Redis Cluster cache (3 masters, a replica each) whose masters are stopped (SIGSTOP), in a
   process that saw the cluster before, at ``timeout=2`` and the default.
 
-    python tools/bench_squatting.py                 # every case, one JSON line each
-    python tools/bench_squatting.py stats fetch     # some
+    python tools/bench/squatting.py                 # every case, one JSON line each
+    python tools/bench/squatting.py stats fetch     # some
 
 Needs redis-server (and root for the ``nobody`` holder; otherwise the holder is this user). Run from the repository
 root; ``tests/`` is used for its real-server helpers.
@@ -31,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests"), os.environ.get("PYTHONPATH", "")]),
        "PYTHONWARNINGS": "ignore"}
 

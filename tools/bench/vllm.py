@@ -1,10 +1,11 @@
 """vLLM starts on the tiny Llama: vLLM's own compile cache against precompile's, each start a fresh process.
 
-    python tools/bench_vllm.py [--device cpu|cuda] [--repeat N] [--workdir DIR] [--only IDS] [--report]
+    python tools/bench/vllm.py [--device cpu|cuda] [--repeat N] [--workdir DIR] [--only IDS] [--report]
 
-Run with the Python of an environment where vLLM and precompile are installed (``tools/install_vllm_cpu.sh`` on a
-CPU; on the GPU machine, ``tools/vllm_gpu.py``).  Scenarios, in order, each one fresh ``tools/vllm_tiny.py run``
-process; warm and new-machine starts are repeated ``--repeat`` times (default 3) and their medians reported:
+Run with the Python of an environment where vLLM and precompile are installed (``tools/install/vllm_cpu.sh`` on a
+CPU; on the GPU machine, ``tools/gpu/vllm_gpu.py``).  Scenarios, in order, each one fresh
+``tools/cases/vllm_tiny.py run`` process; warm and new-machine starts are repeated ``--repeat`` times (default 3)
+and their medians reported:
 
 | id | scenario | vLLM setting | vLLM + Inductor dirs | precompile cache |
 |---|---|---|---|---|
@@ -25,9 +26,9 @@ the first generated token); the compile phase; CUDA graph capture seconds; Dynam
 seconds; precompile's hits / misses / builds of pieces and of whole functions (the cache's counters, before and
 after); the load engines; and whether the 8 greedy tokens of both prompts equal the eager run's.  The compile phase
 is measured where it happens: on a GPU the engine runs in the tool's process (``VLLM_TINY_PHASES=1``, see
-``tools/vllm_tiny.py``) and it is vLLM's own ``compilation_time`` (Dynamo or its AOT load plus the backend's compile
-or load of every piece, capture not included) plus precompile's restore of vLLM's AOT artifact, which runs just
-before vLLM's timer starts; on a CPU it is read from vLLM's log, "Warming up model for the compilation" to "Warming
+``tools/cases/vllm_tiny.py``) and it is vLLM's own ``compilation_time`` (Dynamo or its AOT load plus the backend's
+compile or load of every piece, capture not included) plus precompile's restore of vLLM's AOT artifact, which runs
+just before vLLM's timer starts; on a CPU it is read from vLLM's log, "Warming up model for the compilation" to "Warming
 up done" (the first forward), with millisecond timestamps (a logging config passed in ``VLLM_LOGGING_CONFIG_PATH``).
 
 A GPU run does not fit one 10-minute command: ``--only`` runs some scenarios and appends their rows to
@@ -47,12 +48,12 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+REPO = Path(__file__).resolve().parents[2]
+if __name__ == "__main__":  # run by path: the repository root in place of this folder (tools/__init__.py)
+    sys.path[0] = str(REPO)
 
-from tools.bench_vllm_report import report  # noqa: E402
-from tools.vllm_tiny import ENV, make_tiny_llama  # noqa: E402
+from tools.bench.vllm_report import report  # noqa: E402
+from tools.cases.vllm_tiny import ENV, make_tiny_llama  # noqa: E402
 
 INIT = re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s(?: \(compilation: ([\d.]+) s)?")
 PIECE = re.compile(r"precompile \S+ (\S+) range \((\d+), (\d+)\): (\w+) in ([\d.]+) s \(key (\w+), engine (\w+)\)")
@@ -164,7 +165,8 @@ def run_one(model: str, sc: dict, work: Path, device: str, timeout: float) -> di
         env["PRECOMPILE_CACHE"] = sc["cache"]
     before = counters(sc["cache"])
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, str(REPO / "tools" / "vllm_tiny.py"), "run", model, json.dumps(sc["kwargs"])],
+    proc = subprocess.run([sys.executable, str(REPO / "tools" / "cases" / "vllm_tiny.py"), "run", model,
+                           json.dumps(sc["kwargs"])],
                           env=env, capture_output=True, text=True, timeout=timeout)
     wall = time.perf_counter() - t0
     log = proc.stdout + proc.stderr

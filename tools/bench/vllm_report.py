@@ -1,4 +1,4 @@
-"""The tables and the JSON line of ``tools/bench_vllm.py``: one row per scenario, medians over its starts."""
+"""The tables and the JSON line of ``tools/bench/vllm.py``: one row per scenario, medians over its starts."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The graphs of tools/bench_coverage.py: what servers compile, each a model, its inputs and how it is captured.
+"""The graphs of tools/bench/coverage.py: what servers compile, each a model, its inputs and how it is captured.
 
 Every case is deterministic (seeded weights and inputs), so each fresh process of the benchmark builds the same
 model and inputs.  GPU-only cases import Triton when built.
@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 import torch
 
-from tools import recipes
+from tools.cases import recipes
 
 
 @dataclass
@@ -106,7 +106,7 @@ def build_case(name: str, device: str) -> Case:
             return recipe.example_inputs((1, n))
 
         return Case(model, ids(32), dynamic=((0, 1),), mode="from_graph", other_size=20, inputs_at=ids)
-    if name in ("mlp12_static", "mlp12_dynamic"):  # tools/bench_call.py: 12 small layers, 25 placeholders
+    if name in ("mlp12_static", "mlp12_dynamic"):  # tools/bench/call.py: 12 small layers, 25 placeholders
         torch.manual_seed(0)
         layers = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(12)]).to(device, dtype).eval()
         dyn = name == "mlp12_dynamic"

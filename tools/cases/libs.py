@@ -1,5 +1,5 @@
 """Models from the libraries people compile, as cases for ``precompile.compile`` (issue 28): one module shared by
-``tests/function/test_libs.py``, ``tests/function/test_vision.py`` and ``tools/bench_libs.py``.
+``tests/function/test_libs.py``, ``tests/function/test_vision.py`` and ``tools/bench/libs.py``.
 
 Each case builds a model of its family from a small config with random weights under a fixed seed (nothing is
 downloaded), compiles it the way a user of that library does, runs that user's calls and returns the outputs to
@@ -17,7 +17,7 @@ arguments of the family's config class) over a small default, so held-back confi
   the denoiser called at two timesteps, batch 2 (classifier-free guidance's doubled batch); ``unet_ddim`` and
   ``sd3_euler``: a pipeline's loop, 4 scheduler steps (``DDIMScheduler``, ``FlowMatchEulerDiscreteScheduler``)
   calling the compiled denoiser;
-- vision (:mod:`tools.lib_vision`): torchvision's ``resnet18`` and a tiny ``VisionTransformer``, timm's ViT and
+- vision (:mod:`tools.cases.vision`): torchvision's ``resnet18`` and a tiny ``VisionTransformer``, timm's ViT and
   ResNet.
 
 Sizes are in tokens and pixels; every output is float32 on the case's device (token ids: int64).
@@ -260,7 +260,7 @@ def _cases() -> dict[str, Case]:
     cases["unet_ddim"] = Case("unet_ddim", "diffusers", "diffusers", partial(_loop, "unet", "DDIMScheduler"))
     cases["sd3_euler"] = Case("sd3_euler", "diffusers", "diffusers",
                               partial(_loop, "sd3", "FlowMatchEulerDiscreteScheduler"))
-    from tools.lib_vision import MAKERS
+    from tools.cases.vision import MAKERS
 
     cases.update({name: Case(name, "vision", needs, make) for name, (needs, make) in MAKERS.items()})
     return cases

@@ -1,6 +1,6 @@
-"""Model recipes for benchmarks (``module:function`` specs for ``precompile warmup`` and tools/bench_*.py).
+"""Model recipes for benchmarks (``module:function`` specs for ``precompile warmup`` and tools/bench/).
 
-``tools.recipes:transformer_blocks`` is the CPU anchor model of docs/benchmarks.md: ``n`` pre-norm transformer
+``tools.cases.recipes:transformer_blocks`` is the CPU anchor model of docs/benchmarks.md: ``n`` pre-norm transformer
 blocks of width ``d`` (LayerNorm, 4-head self-attention through ``scaled_dot_product_attention``, a 4*d GELU
 MLP), random weights seeded with 0, input ``float32[batch, seq, d]``.  It is written out rather than taken from
 ``nn.TransformerEncoder``, whose eval-mode fast path is one opaque fused operator Inductor cannot compile.

@@ -1,6 +1,6 @@
-"""One process of the library cases (:mod:`tools.lib_cases`): the tests' and ``tools/bench_libs.py``'s child.
+"""One process of the library cases (:mod:`tools.cases.libs`): the tests' and ``tools/bench/libs.py``'s child.
 
-    python -m tools.lib_run MODE --cases a,b --work DIR [--cache URL] [--device cpu] [--config JSON] [--calls N]
+    python -m tools.cases.run_libs MODE --cases a,b --work DIR [--cache URL] [--device cpu] [--config JSON] [--calls N]
 
 Modes:
 
@@ -10,7 +10,7 @@ Modes:
   to ``DIR/<case>.mega``;
 - ``mega``: ``torch.compiler.load_cache_artifacts(DIR/<case>.mega's bytes)`` first, then as ``torch``;
 - ``percall``: ours and ``torch.compile``'s of each case in one process, called in turns (``--calls`` each, sizes
-  alternating as the case's :attr:`~tools.lib_cases.Setup.call` makes them), each call timed alone
+  alternating as the case's :attr:`~tools.cases.libs.Setup.call` makes them), each call timed alone
   (:func:`per_call` says how the two are kept apart).
 
 The cases are built before the clock starts; each case's clock then covers the compile call, its calls, and (mode
@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-log = logging.getLogger("precompile.tools.lib_run")
+log = logging.getLogger("precompile.tools.cases.run_libs")
 
 
 class FirstReturn:
@@ -68,10 +68,10 @@ def _sync(device: str) -> None:
 
 def run_case(name: str, mode: str, a: argparse.Namespace) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """Build case ``name``, then (timed) compile it in ``mode`` and make its calls: ``(row, outputs)``."""
-    from tools import lib_cases
+    from tools.cases import libs
 
     work = Path(a.work)
-    s = lib_cases.setup(name, a.device, a.config)
+    s = libs.setup(name, a.device, a.config)
     _sync(a.device)
     dynamo_before = "torch._dynamo" in sys.modules  # transformers and diffusers import it while building a model
     t0 = time.perf_counter()
@@ -115,9 +115,9 @@ def per_call(name: str, a: argparse.Namespace) -> dict[str, Any]:
     """
     import precompile
     from torch._dynamo.utils import counters
-    from tools import lib_cases
+    from tools.cases import libs
 
-    s = lib_cases.setup(name, a.device, a.config)
+    s = libs.setup(name, a.device, a.config)
     theirs = torch.compile(s.target, dynamic=s.dynamic, isolate_recompiles=True)
     expected = s.run(theirs)
     for i in range(a.warmup):
@@ -145,7 +145,7 @@ def per_call(name: str, a: argparse.Namespace) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("mode", choices=("ours", "torch", "mega", "percall"))
-    p.add_argument("--cases", required=True, help="comma-separated names from tools.lib_cases.CASES")
+    p.add_argument("--cases", required=True, help="comma-separated names from tools.cases.libs.CASES")
     p.add_argument("--work", required=True, help="folder for outputs and Mega-Cache files")
     p.add_argument("--cache", default=None, help="precompile cache URL (ours, percall)")
     p.add_argument("--device", default="cpu")

@@ -1,7 +1,7 @@
-"""Vision cases of :mod:`tools.lib_cases`: torchvision's and timm's classifiers, compiled as their users do
+"""Vision cases of :mod:`tools.cases.libs`: torchvision's and timm's classifiers, compiled as their users do
 (``precompile.compile(model)``), called on a batch of images at two batch sizes.
 
-torchvision and timm live in their own venv (``tools/install_vision.sh``): installing torchvision breaks
+torchvision and timm live in their own venv (``tools/install/vision.sh``): installing torchvision breaks
 ``import transformers`` beside it.  Only :func:`import_torchvision` imports torchvision, on first use.
 """
 
@@ -30,7 +30,7 @@ def import_torchvision() -> Any:
     import importlib.util
 
     if importlib.util.find_spec("torchvision") is None:
-        raise ImportError("torchvision is not installed here (tools/install_vision.sh makes a venv with it)")
+        raise ImportError("torchvision is not installed here (tools/install/vision.sh makes a venv with it)")
     if not _LIBRARY:
         try:
             torch.ops.torchvision.nms  # noqa: B018 - present when torchvision's C++ extension loaded
@@ -45,7 +45,7 @@ def import_torchvision() -> Any:
 
 
 def _classifier(make: Any, device: str) -> Any:
-    from tools.lib_cases import Setup
+    from tools.cases.libs import Setup
 
     torch.manual_seed(0)
     model = make().to(device).eval()
@@ -77,7 +77,7 @@ def _timm(name: str, defaults: dict[str, Any], device: str, **config: Any) -> An
     return _classifier(lambda: timm.create_model(name, pretrained=False, **{**defaults, **config}), device)
 
 
-#: ``{case name: (the package it needs, builder(device, **config) -> Setup)}``; :mod:`tools.lib_cases` lists them.
+#: ``{case name: (the package it needs, builder(device, **config) -> Setup)}``; :mod:`tools.cases.libs` lists them.
 MAKERS: dict[str, tuple[str, Any]] = {
     "tv_resnet18": ("torchvision", _resnet18),
     "tv_vit": ("torchvision", _tv_vit),

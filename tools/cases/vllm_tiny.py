@@ -1,12 +1,12 @@
 """The tiny Llama that proves precompile under real vLLM, and one vLLM start in a fresh process.
 
-``python tools/vllm_tiny.py make DIR [--size cpu|gpu]`` writes the model, random bf16 weights seeded with 0, built
+``python tools/cases/vllm_tiny.py make DIR [--size cpu|gpu]`` writes the model, random bf16 weights seeded with 0, built
 from a ``transformers`` config and ``save_pretrained`` (nothing comes from a hub):
 
 - ``cpu`` (default): Llama, hidden 256, 2 layers, 4 heads of 64, vocab 1024;
 - ``gpu``: Llama, hidden 1024, 8 layers, 16 heads of 64 (8 key/value heads), MLP 2816, vocab 32000.
 
-``python tools/vllm_tiny.py run DIR [JSON]`` starts vLLM on it (``LLM(model=DIR, skip_tokenizer_init=True,
+``python tools/cases/vllm_tiny.py run DIR [JSON]`` starts vLLM on it (``LLM(model=DIR, skip_tokenizer_init=True,
 max_model_len=256, **JSON)``, on a CPU also ``max_num_seqs=2``: on a GPU vLLM keeps its defaults, so its CUDA
 graphs are captured for its default sizes), generates greedily from ``prompt_token_ids`` and prints, last on
 stdout, one JSON line::
@@ -18,13 +18,13 @@ stdout, one JSON line::
 The time to first token is measured on a one-token request made right after the engine is up (what a server's
 first request waits for, the engine start included); the tokens come from a second, 8-token request.
 
-With ``VLLM_TINY_PHASES=1`` (``tools/bench_vllm.py --device cuda`` sets it) the engine runs in this process
+With ``VLLM_TINY_PHASES=1`` (``tools/bench/vllm.py --device cuda`` sets it) the engine runs in this process
 (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so the start's phases are read where they happen and added to the JSON:
 ``compile_s`` (vLLM's own ``compilation_time``: Dynamo or its AOT load, and the backend's compile or load of every
 piece, timed by vLLM's ``monitor_torch_compile``, CUDA graph capture not included), ``capture_s`` (vLLM's
 ``GPUModelRunner.capture_model``, timed here) and ``frames`` (frames Dynamo traced in the process: calls of its
 ``convert_frame.compile_frame``, through which ``aot_compile`` goes too).
-``tools/bench_vllm.py`` and ``tests/integrations/test_vllm.py`` run it with the environment of each scenario.
+``tools/bench/vllm.py`` and ``tests/integrations/test_vllm.py`` run it with the environment of each scenario.
 """
 
 from __future__ import annotations

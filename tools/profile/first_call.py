@@ -3,10 +3,10 @@
 and reading the inputs excluded), with the load, the library set-up beside it (``PRECOMPILE_PRIME``, see
 ``precompile.inductor.prime``) and the second call timed (each synced).
 
-    python tools/profile_first_call.py KEY --cache URL --inputs inputs.pt [--top 15]
-    PRECOMPILE_PRIME=off python tools/profile_first_call.py ...     # the same without priming
+    python tools/profile/first_call.py KEY --cache URL --inputs inputs.pt [--top 15]
+    PRECOMPILE_PRIME=off python tools/profile/first_call.py ...     # the same without priming
 
-``inputs.pt`` holds the graph's flat inputs (``tools/bench_load.py --workdir W`` leaves ``W/inputs.pt``).  The
+``inputs.pt`` holds the graph's flat inputs (``tools/bench/load.py --workdir W`` leaves ``W/inputs.pt``).  The
 last line printed is a JSON object of the timings.
 """
 

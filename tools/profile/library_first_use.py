@@ -6,7 +6,7 @@ Each case runs in its own fresh process (``PYTHONDONTWRITEBYTECODE`` unset).  Be
 the CUDA context, one elementwise kernel, and the inputs.  Then the call is timed, synced, twice; the table gives
 the medians over ``--rounds`` processes of the first and second call.
 
-    python tools/library_first_use.py [--rounds 3] [--cases sdpa-cudnn,mm-bf16]
+    python tools/profile/library_first_use.py [--rounds 3] [--cases sdpa-cudnn,mm-bf16]
 """
 
 from __future__ import annotations

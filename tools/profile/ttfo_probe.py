@@ -14,9 +14,9 @@ recorded library calls are not timed; every step is synced):
   ``torch.cuda.current_blas_handle()`` (cuBLAS handle and workspace) is timed alone.
 - ``profile``: cProfile of the load alone (the functions with the most own time).
 
-    python tools/ttfo_probe.py KEY --cache file:///W/cache --inputs W/inputs.pt [--rounds 3]
+    python tools/profile/ttfo_probe.py KEY --cache file:///W/cache --inputs W/inputs.pt [--rounds 3]
 
-``W`` is a ``tools/bench_load.py --workdir``.  Prints a table of medians, then the per-call and load profiles.
+``W`` is a ``tools/bench/load.py --workdir``.  Prints a table of medians, then the per-call and load profiles.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ For each target (one ``redis-server``; with ``--cluster`` also a Redis Cluster o
 ``cluster-node-timeout`` 1000 ms), each started by this tool on loopback ports without persistence, and each N of
 ``--workers``, on a fresh target:
 
-- **cold** storm: N workers (:mod:`tools.fleet.worker`: ``precompile.standalone_compile(graph, inputs,
+- **cold** storm: N workers (:mod:`tools.bench.fleet.worker`: ``precompile.standalone_compile(graph, inputs,
   cache=URL)`` and one call, for ``--keys`` small MLP graphs, in rotated order) released at once on an empty
   cache: one build per key (a build lease), every other worker waits and loads;
 - the **lone** anchor (first N only): one worker alone on the stored cache, ``--lone-repeat`` times, median;
@@ -23,10 +23,10 @@ the masters, and the replicas too when the URL has ``replica_reads=1``, used whe
 
 With ``--faults`` (or ``--fault NAME,...``), on a fresh target (the cluster with ``--cluster``) seeded from a bundle
 of the cold storm's artifacts, a storm of ``--fault-workers`` (default: the smallest N) per fault
-(:mod:`tools.fleet.faults`: kill-master, kill-builder, oom, stop-node); after each, ``precompile verify``.
+(:mod:`tools.bench.fleet.faults`: kill-master, kill-builder, oom, stop-node); after each, ``precompile verify``.
 
-With ``--fetch-only`` (:mod:`tools.fleet.fetchonly`), no worker imports torch or loads anything: storms of
-fetch-only clients (:mod:`tools.fleet.client`), many per process, each reading and verifying what a worker's load
+With ``--fetch-only`` (:mod:`tools.bench.fleet.fetchonly`), no worker imports torch or loads anything: storms of
+fetch-only clients (:mod:`tools.bench.fleet.client`), many per process, each reading and verifying what a worker's load
 reads (refs, signed manifests, blobs), on one redis-server and (``--cluster``) the cluster, per artifact set
 (``--artifacts``: the real CPU builds, and GPU-size ones of ``--gpu-mb`` MB a worker made from them) and per N
 (default 16, 64, 256, 1024), beside a lone client; per N: p50/p99 seconds and p99 over the lone client, peak
@@ -38,9 +38,9 @@ The workers' imports are warmed once with ``PYTHONDONTWRITEBYTECODE`` unset, and
 not fit in ``MemAvailable`` (the lone worker's peak RSS x N x 1.3) is skipped and says so.  Progress goes to
 stderr; tables to stdout; with ``--json`` the last line is one JSON object (``--json-out``: everything).
 
-    python tools/bench_fleet.py --workers 4 --keys 2                       # quick
-    python tools/bench_fleet.py --workers 16,64 --cluster --faults --tiered --json
-    python tools/bench_fleet.py --fetch-only --cluster --json                # 16..1024 fetch-only clients
+    python -m tools.bench.fleet --workers 4 --keys 2                       # quick
+    python -m tools.bench.fleet --workers 16,64 --cluster --faults --tiered --json
+    python -m tools.bench.fleet --fetch-only --cluster --json                # 16..1024 fetch-only clients
 """
 
 from __future__ import annotations
@@ -56,18 +56,21 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+REPO = Path(__file__).resolve().parents[3]
+if __name__ == "__main__":  # run by path: the repository root in place of this folder (tools/__init__.py)
+    sys.path[0] = str(REPO)
 
-from tools.fleet import faults as fleet_faults  # noqa: E402
-from tools.fleet.report import print_tables, summary_line  # noqa: E402
-from tools.fleet.storm import mem_available, run_storm, warm_bytecode  # noqa: E402
-from tools.fleet.targets import Target, start_cluster, start_single  # noqa: E402
+from tools.bench.fleet import faults as fleet_faults  # noqa: E402
+from tools.bench.fleet.report import print_tables, summary_line  # noqa: E402
+from tools.bench.fleet.storm import mem_available, run_storm, warm_bytecode  # noqa: E402
+from tools.bench.fleet.targets import Target, start_cluster, start_single  # noqa: E402
 
 log = logging.getLogger("bench_fleet")
 
 
 def _args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="python -m tools.bench.fleet", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workers", default=None, help="fleet sizes, comma-separated (default 16,64; fetch-only "
                    "16,64,256,1024)")
     p.add_argument("--keys", type=int, default=4, help="graphs (artifact keys) every worker gets")
@@ -84,7 +87,7 @@ def _args(argv=None) -> argparse.Namespace:
     p.add_argument("--json", action="store_true", help="end with one JSON line")
     p.add_argument("--json-out", default=None, help="write every storm's details here")
     p.add_argument("--workdir", default=None, help="keep worker dirs and logs here (default: a temp dir, removed)")
-    f = p.add_argument_group("fetch-only storms (tools/fleet/fetchonly.py)")
+    f = p.add_argument_group("fetch-only storms (tools/bench/fleet/fetchonly.py)")
     f.add_argument("--fetch-only", action="store_true", help="clients that fetch and verify, no torch, no load")
     f.add_argument("--artifacts", default="cpu,gpu", help="artifact sets: cpu (real builds), gpu (GPU-size)")
     f.add_argument("--gpu-mb", type=float, default=13.0, help="MB a worker reads of the gpu set, as stored")
@@ -230,8 +233,8 @@ def _near_counters(near: Path) -> dict:
 
 
 def _fetch_only(a: argparse.Namespace, argv) -> int:
-    from tools.fleet.fetchonly import run
-    from tools.fleet.report import fetch_summary_line, print_fetch_tables
+    from tools.bench.fleet.fetchonly import run
+    from tools.bench.fleet.report import fetch_summary_line, print_fetch_tables
 
     sizes = sorted(int(s) for s in (a.workers or "16,64,256,1024").split(","))
     replica_reads = _replica_reads(a.replica_reads)[0] if a.cluster else False
@@ -243,7 +246,7 @@ def _fetch_only(a: argparse.Namespace, argv) -> int:
     finally:
         if not a.workdir:
             shutil.rmtree(work, ignore_errors=True)
-    result.update(command=" ".join(["python", "tools/bench_fleet.py", *(argv or sys.argv[1:])]),
+    result.update(command=" ".join(["python", "-m", "tools.bench.fleet", *(argv or sys.argv[1:])]),
                   loadavg_start=load0, loadavg_end=os.getloadavg()[0], seconds=time.time() - started)
     if a.json_out:
         Path(a.json_out).write_text(json.dumps(result, indent=1) + "\n")
@@ -271,7 +274,7 @@ def main(argv=None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     started = time.time()
     bench = Bench(a, work)
-    bench.result.update(command=" ".join(["python", "tools/bench_fleet.py", *(argv or sys.argv[1:])]),
+    bench.result.update(command=" ".join(["python", "-m", "tools.bench.fleet", *(argv or sys.argv[1:])]),
                         loadavg_start=os.getloadavg()[0], mem_available_gib=mem_available() / 2**30)
     try:
         log.info("warming bytecode (PYTHONDONTWRITEBYTECODE unset for this and every worker)")

@@ -1,6 +1,6 @@
 """The artifacts a fetch-only storm reads: real CPU builds, and GPU-size ones made from them, signed and stored.
 
-- **cpu**: the storm's ``K`` graphs (:func:`tools.fleet.worker.graph`) built by ``precompile.standalone_compile``
+- **cpu**: the storm's ``K`` graphs (:func:`tools.bench.fleet.worker.graph`) built by ``precompile.standalone_compile``
   in a separate process (torch is imported there only) into a ``file://`` seed cache, or read from a seed cache
   given (``--seed-cache``, e.g. the directory of an earlier run's ``--workdir``).  About 0.6 MB a worker as stored
   (4 keys, zstd).
@@ -57,8 +57,8 @@ def build(seed_dir: Path, keys: int, env: dict[str, str]) -> str:
     """Build the ``keys`` graphs into ``file://seed_dir`` in a separate process (a hit for those stored there
     already); the cache URL."""
     url = f"file://{seed_dir}"
-    subprocess.run([sys.executable, "-m", "tools.fleet.artifacts", "build", "--cache", url, "--keys", str(keys)],
-                   cwd=Path(__file__).resolve().parents[2], env=env, check=True)
+    subprocess.run([sys.executable, "-m", "tools.bench.fleet.artifacts", "build", "--cache", url, "--keys", str(keys)],
+                   cwd=Path(__file__).resolve().parents[3], env=env, check=True)
     return url
 
 
@@ -150,7 +150,7 @@ def store(url: str, entries: list[Entry], signing_key: Path) -> int:
 
 def _build(url: str, keys: int) -> None:
     import precompile
-    from tools.fleet.worker import graph
+    from tools.bench.fleet.worker import graph
 
     for k in range(keys):
         gm, inputs = graph(k)

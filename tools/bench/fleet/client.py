@@ -1,8 +1,8 @@
 """Fetch-only clients: many in one process, each asking the cache what a serving worker asks of it, and no more.
 
-Usage (started by :mod:`tools.fleet.fetchonly`)::
+Usage (started by :mod:`tools.bench.fleet.fetchonly`)::
 
-    python -m tools.fleet.client --url URL --keys K1,K2,... --clients C --first I --ready DIR --go FILE
+    python -m tools.bench.fleet.client --url URL --keys K1,K2,... --clients C --first I --ready DIR --go FILE
         --done DIR --stop FILE --out FILE
 
 ``C`` threads, one client each (client ``I``, ``I+1``...), wait for ``GO`` (the parent writes its ``time.time()``

@@ -1,6 +1,6 @@
 """Faults injected during a storm, each on a fresh target seeded from a bundle (``precompile export``/``import``).
 
-Each fault is a function ``fault(run) -> dict`` that :func:`tools.fleet.storm.run_storm` runs in a thread from
+Each fault is a function ``fault(run) -> dict`` that :func:`tools.bench.fleet.storm.run_storm` runs in a thread from
 GO on; :data:`FAULTS` says how each one's storm is set up (which keys are stored beforehand, extra URL options).
 
 - ``kill-master``: ``kill -9`` of the master holding the most stored bytes (other than the URL's node),
@@ -31,8 +31,8 @@ import subprocess
 import sys
 import time
 
-from tools.fleet.storm import ROOT, Run, worker_env
-from tools.fleet.targets import Node, Target
+from tools.bench.fleet.storm import ROOT, Run, worker_env
+from tools.bench.fleet.targets import Node, Target
 
 log = logging.getLogger("bench_fleet")
 

@@ -1,12 +1,13 @@
-"""``tools/bench_fleet.py --fetch-only``: storms of fetch-only clients (:mod:`tools.fleet.client`), many per process.
+"""``python -m tools.bench.fleet --fetch-only``: storms of fetch-only clients (:mod:`tools.bench.fleet.client`),
+many per process.
 
 For each target (one ``redis-server``; with ``--cluster`` a Redis Cluster of 3 masters with a replica each), started
-once and seeded with both artifact sets (:mod:`tools.fleet.artifacts`), and each set (``cpu``, ``gpu``):
+once and seeded with both artifact sets (:mod:`tools.bench.fleet.artifacts`), and each set (``cpu``, ``gpu``):
 
 - the **lone** client: one process, one client, ``--lone-repeat`` times; the median of its seconds;
 - a **storm** per N of ``--workers``: N clients over ``min(N, --procs)`` processes, released at once; the nodes
-  sampled from GO until every client is done (:class:`tools.fleet.targets.Sampler`: bytes served, peak connections
-  above the count before GO, CPU seconds), while every client keeps its cache open.
+  sampled from GO until every client is done (:class:`tools.bench.fleet.targets.Sampler`: bytes served, peak
+  connections above the count before GO, CPU seconds), while every client keeps its cache open.
 
 Beside p99 over the lone client, each storm shows its CPU floor: the CPU seconds of all its clients and of Redis
 over the host's cores, the least time the storm could take on this host however the cache behaved.  A fleet's
@@ -29,10 +30,10 @@ import sys
 import time
 from pathlib import Path
 
-from tools.fleet import artifacts
-from tools.fleet.client import BUILDS
-from tools.fleet.storm import ROOT, mem_available, percentile, worker_env
-from tools.fleet.targets import Sampler, Target
+from tools.bench.fleet import artifacts
+from tools.bench.fleet.client import BUILDS
+from tools.bench.fleet.storm import ROOT, mem_available, percentile, worker_env
+from tools.bench.fleet.targets import Sampler, Target
 
 log = logging.getLogger("bench_fleet")
 
@@ -79,7 +80,7 @@ def run_storm(target: Target, url: str, n: int, keys: list[str], base: Path, lab
     share = [n // p + (i < n % p) for i in range(p)]
     running, first = [], 0
     for i, count in enumerate(share):
-        cmd = [sys.executable, "-m", "tools.fleet.client", "--url", url, "--keys", ",".join(keys), "--clients",
+        cmd = [sys.executable, "-m", "tools.bench.fleet.client", "--url", url, "--keys", ",".join(keys), "--clients",
                str(count), "--first", str(first), "--ready", str(base / "ready"), "--go", str(base / "GO"),
                "--done", str(base / "done"), "--stop", str(base / "STOP"), "--out", str(base / f"p{i}.json"),
                "--timeout", str(timeout)]
@@ -185,11 +186,11 @@ def summarize(docs: list[dict], nodes: dict[int, dict], n: int, keys: int, label
 
 def run(a, work: Path, replica_reads: bool, sizes: list[int]) -> dict:
     """Every target, artifact set and N of one ``--fetch-only`` run; the result for the tables and JSON line."""
-    from tools.fleet.targets import start_cluster, start_single
+    from tools.bench.fleet.targets import start_cluster, start_single
 
     sets, key, public = prepare(a, work)
     env = client_env(work, public)
-    subprocess.run([sys.executable, "-c", "import tools.fleet.client, cache_backends.redis.cache, "
+    subprocess.run([sys.executable, "-c", "import tools.bench.fleet.client, cache_backends.redis.cache, "
                     "precompile.artifact.manifest, precompile.artifact.names, precompile.artifact.trust"],
                    cwd=ROOT, env=env, check=True)  # .pyc files written once, before any client starts
     result: dict = {"mode": "fetch-only", "storms": [], "lone": {}, "cpus": os.cpu_count(), "procs": a.procs,

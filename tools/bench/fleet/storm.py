@@ -1,5 +1,5 @@
-"""One storm: N worker processes (:mod:`tools.fleet.worker`) released at once on a target, with progress, node
-sampling (:class:`tools.fleet.targets.Sampler`) and an optional fault run in a thread from GO on.
+"""One storm: N worker processes (:mod:`tools.bench.fleet.worker`) released at once on a target, with progress, node
+sampling (:class:`tools.bench.fleet.targets.Sampler`) and an optional fault run in a thread from GO on.
 
 Every worker has its own empty ``TORCHINDUCTOR_CACHE_DIR`` and ``XDG_CACHE_HOME`` (only the cache URL is shared),
 ``PYTHONDONTWRITEBYTECODE`` removed (:func:`warm_bytecode` writes the ``.pyc`` files once, before any storm), and
@@ -22,10 +22,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tools.fleet.targets import Sampler, Target
+from tools.bench.fleet.targets import Sampler, Target
 
 log = logging.getLogger("bench_fleet")
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 BUILDS = ("built", "takeover")
 
 
@@ -42,7 +42,7 @@ def worker_env(wdir: Path) -> dict[str, str]:
 def warm_bytecode(work: Path) -> None:
     """Import what a worker imports, and compile this checkout's modules, with ``PYTHONDONTWRITEBYTECODE`` unset:
     the ``.pyc`` files are written once here, so that no worker compiles source at its start."""
-    code = ("import compileall, torch, precompile, tools.fleet.worker as w; import precompile.build.standalone; "
+    code = ("import compileall, torch, precompile, tools.bench.fleet.worker as w; import precompile.build.standalone; "
             "w.graph(0); compileall.compile_dir('precompile', quiet=1); compileall.compile_dir('cache_backends', "
             "quiet=1); compileall.compile_dir('tools', quiet=1)")
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=worker_env(work / "warm"), check=True)
@@ -89,7 +89,7 @@ def run_storm(target: Target, url: str, n: int, keys: int, base: Path, label: st
     ready, go = base / "ready", base / "GO"
     procs, outs = [], []
     for i in range(n):
-        cmd = [sys.executable, "-m", "tools.fleet.worker", "--url", url, "--ready", str(ready), "--go", str(go),
+        cmd = [sys.executable, "-m", "tools.bench.fleet.worker", "--url", url, "--ready", str(ready), "--go", str(go),
                "--done", str(base / "done"), "--building", str(base / "building"), "--index", str(i),
                "--keys", str(keys), "--timeout", str(timeout)]
         out, err = open(base / f"w{i}.out", "w"), open(base / f"w{i}.err", "w")

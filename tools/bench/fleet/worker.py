@@ -1,8 +1,8 @@
 """One fleet worker: a fresh process that gets ``K`` small artifacts through a shared cache, as a serving worker would.
 
-Usage (started by :mod:`tools.fleet.storm`)::
+Usage (started by :mod:`tools.bench.fleet.storm`)::
 
-    python -m tools.fleet.worker --url URL --ready DIR --go FILE --done DIR --index I --keys K [--building DIR]
+    python -m tools.bench.fleet.worker --url URL --ready DIR --go FILE --done DIR --index I --keys K [--building DIR]
 
 Before GO (not timed): imports torch and precompile, builds the ``K`` graphs (:func:`graph`: an MLP of 8 blocks
 of width ``64 + 32 k`` for key ``k``, traced with ``make_fx``, weights as inputs) and their eager outputs, touches
