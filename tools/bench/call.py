@@ -32,8 +32,6 @@ REPO = Path(__file__).resolve().parents[2]
 if __name__ == "__main__":  # run by path: the repository root in place of this folder (tools/__init__.py)
     sys.path[0] = str(REPO)
 
-from tools.bench.coverage import CPU_CASES, GPU_CASES  # noqa: E402
-
 EXTRA = ("mlp12_static", "mlp12_dynamic")
 
 
@@ -146,6 +144,8 @@ def main(argv=None) -> int:
         out = phase_build(a, work) if a.phase == "build" else phase_measure(a, work, a.cases)
         print(json.dumps(out))
         return 0
+    from tools.cases.graphs import CPU_CASES, GPU_CASES  # (imports torch)
+
     cases = a.cases.split(",") if a.cases else list(CPU_CASES) + list(EXTRA) + (
         list(GPU_CASES) if a.device.startswith("cuda") else [])
     show = sys.stderr if a.json else sys.stdout

@@ -41,9 +41,6 @@ REPO = Path(__file__).resolve().parents[2]
 if __name__ == "__main__":  # run by path: the repository root in place of this folder (tools/__init__.py)
     sys.path[0] = str(REPO)
 
-CPU_CASES = ("static_mlp", "mlp_requires_grad", "dynamic_batch", "kv_decode", "llama_dynamic_seq")
-GPU_CASES = ("triton_op", "multi_kernel", "max_autotune")
-
 
 def _args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -309,6 +306,8 @@ def main(argv=None) -> int:
             result = phase_load(a, work, which, key, url)
         print(json.dumps(result))
         return 0
+    from tools.cases.graphs import CPU_CASES, GPU_CASES  # (imports torch)
+
     cases = a.cases.split(",") if a.cases else [*CPU_CASES, *(GPU_CASES if a.device.startswith("cuda") else ())]
     root = Path(a.workdir or tempfile.mkdtemp(prefix="bench-coverage-"))
     from rich.console import Console

@@ -1,4 +1,5 @@
 """The graphs of tools/bench/coverage.py: what servers compile, each a model, its inputs and how it is captured.
+tools/bench/call.py and tools/profile/call.py time them too, and the GPU tests of tests/inductor/ build them.
 
 Every case is deterministic (seeded weights and inputs), so each fresh process of the benchmark builds the same
 model and inputs.  GPU-only cases import Triton when built.
@@ -13,9 +14,12 @@ import torch
 
 from tools.cases import recipes
 
+#: The graphs every device runs, and those only a CUDA device does (a user Triton kernel, multi-kernel, autotuning).
+CPU_CASES = ("static_mlp", "mlp_requires_grad", "dynamic_batch", "kv_decode", "llama_dynamic_seq")
+GPU_CASES = ("triton_op", "multi_kernel", "max_autotune")
 
 @dataclass
-class Case:
+class GraphCase:
     """One benchmark graph.
 
     Attributes:
@@ -78,7 +82,7 @@ def _x(*shape: int, device: str, dtype: torch.dtype, seed: int = 1) -> torch.Ten
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(device=device, dtype=dtype)
 
 
-def build_case(name: str, device: str) -> Case:
+def build_case(name: str, device: str) -> GraphCase:
     """The case ``name`` on ``device`` (bfloat16 on CUDA, float32 on CPU).
 
     Raises:
@@ -87,15 +91,15 @@ def build_case(name: str, device: str) -> Case:
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
     if name in ("static_mlp", "mlp_requires_grad", "max_autotune"):
         model = _mlp(256, 1024, device, dtype, requires_grad=name == "mlp_requires_grad")
-        return Case(model, (_x(8, 256, device=device, dtype=dtype),),
+        return GraphCase(model, (_x(8, 256, device=device, dtype=dtype),),
                     options={"max_autotune": True} if name == "max_autotune" else {})
     if name == "dynamic_batch":
-        return Case(_mlp(256, 1024, device, dtype, requires_grad=True), (_x(8, 256, device=device, dtype=dtype),),
+        return GraphCase(_mlp(256, 1024, device, dtype, requires_grad=True), (_x(8, 256, device=device, dtype=dtype),),
                     dynamic=((0, 0),), mode="from_graph", other_size=13,
                     inputs_at=lambda n: (_x(n, 256, device=device, dtype=dtype, seed=2),))
     if name == "kv_decode":
         model, inputs = recipes.decode_step(batch=4, cache_len=64, d=256, dtype=dtype, device=device)
-        return Case(model, tuple(inputs.values()))
+        return GraphCase(model, tuple(inputs.values()))
     if name == "llama_dynamic_seq":
         from precompile.recipes.catalog import get_recipe
 
@@ -105,12 +109,12 @@ def build_case(name: str, device: str) -> Case:
         def ids(n: int) -> tuple[torch.Tensor]:
             return recipe.example_inputs((1, n))
 
-        return Case(model, ids(32), dynamic=((0, 1),), mode="from_graph", other_size=20, inputs_at=ids)
+        return GraphCase(model, ids(32), dynamic=((0, 1),), mode="from_graph", other_size=20, inputs_at=ids)
     if name in ("mlp12_static", "mlp12_dynamic"):  # tools/bench/call.py: 12 small layers, 25 placeholders
         torch.manual_seed(0)
         layers = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(12)]).to(device, dtype).eval()
         dyn = name == "mlp12_dynamic"
-        return Case(layers, (_x(4, 64, device=device, dtype=dtype),), dynamic=((0, 0),) if dyn else (),
+        return GraphCase(layers, (_x(4, 64, device=device, dtype=dtype),), dynamic=((0, 0),) if dyn else (),
                     mode="from_graph" if dyn else "from_example_inputs", other_size=7 if dyn else None,
                     inputs_at=(lambda n: (_x(n, 64, device=device, dtype=dtype, seed=2),)) if dyn else None)
     if name == "triton_op":
@@ -120,11 +124,11 @@ def build_case(name: str, device: str) -> Case:
             def forward(self, x):
                 return torch.softmax(x * 2.0, -1) + torch.nn.functional.layer_norm(x, x.shape[-1:])
 
-        return Case(RowNorm(), (_x(64, 4096, device=device, dtype=dtype),), options={"triton.multi_kernel": 1})
+        return GraphCase(RowNorm(), (_x(64, 4096, device=device, dtype=dtype),), options={"triton.multi_kernel": 1})
     raise KeyError(f"no coverage case {name!r}")
 
 
-def _triton_op_case(device: str, dtype: torch.dtype) -> Case:
+def _triton_op_case(device: str, dtype: torch.dtype) -> GraphCase:
     """A user Triton kernel registered with ``torch.library.triton_op`` (Inductor inlines its kernel)."""
     import triton
     import triton.language as tl
@@ -156,4 +160,4 @@ def _triton_op_case(device: str, dtype: torch.dtype) -> Case:
         torch.manual_seed(0)
         model = Model()
     model = model.to(device=device, dtype=dtype).eval()
-    return Case(model, (_x(64, 256, device=device, dtype=dtype), _x(64, 256, device=device, dtype=dtype, seed=2)))
+    return GraphCase(model, (_x(64, 256, device=device, dtype=dtype), _x(64, 256, device=device, dtype=dtype, seed=2)))

@@ -27,45 +27,13 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
 
-#: A compiler as a case calls it: ``compiler(target, dynamic=...)`` -> a callable used in ``target``'s place.
-Compiler = Callable[..., Callable[..., Any]]
-
-
-@dataclass
-class Setup:
-    """A built case: what to compile, and the calls a user of the library makes with it.
-
-    Attributes:
-        target: what the user hands to the compiler (a module, or a bound ``forward`` for ``generate``).
-        dynamic: the ``dynamic=`` the user passes (None: torch.compile's automatic dynamic shapes).
-        run: ``run(fn)`` puts ``fn`` (the compiled target, or ``target`` itself for eager) where the library calls
-            it, makes the user's calls, and returns ``{name: tensor}`` (moved to the CPU).
-        call: ``call(fn, i)``: the ``i``-th call of a server's mix, sizes alternating from call to call (timing).
-        eager_equal: the outputs must equal eager's bit for bit too (greedy token ids).
-    """
-
-    target: Any
-    dynamic: bool | None
-    run: Callable[[Callable[..., Any]], dict[str, torch.Tensor]]
-    call: Callable[[Callable[..., Any], int], Any]
-    eager_equal: bool = False
-
-
-@dataclass(frozen=True)
-class Case:
-    """One case: its family (tests share one cold build per family), the Python package it needs, its builder."""
-
-    name: str
-    family: str
-    needs: str
-    make: Callable[..., Setup]
-    defaults: dict[str, Any] = field(default_factory=dict)
-
+from tools.cases.base import Case, Setup
+from tools.cases.vision import MAKERS
 
 # ------------------------------------------------------------------------------------------ transformers
 #: Small configs per architecture (hidden 32, 2 layers, vocabulary 128), as ``AutoConfig.for_model`` keywords.
@@ -242,8 +210,6 @@ def _loop(kind: str, scheduler: str, device: str, **config: Any) -> Setup:
 
 # -------------------------------------------------------------------------------------------------- table
 def _cases() -> dict[str, Case]:
-    from functools import partial
-
     cases: dict[str, Case] = {}
     for arch in ("llama", "qwen2", "gpt2", "mistral"):
         cases[f"{arch}_forward"] = Case(f"{arch}_forward", "decoder", "transformers", partial(_lm_forward, arch))
@@ -260,8 +226,6 @@ def _cases() -> dict[str, Case]:
     cases["unet_ddim"] = Case("unet_ddim", "diffusers", "diffusers", partial(_loop, "unet", "DDIMScheduler"))
     cases["sd3_euler"] = Case("sd3_euler", "diffusers", "diffusers",
                               partial(_loop, "sd3", "FlowMatchEulerDiscreteScheduler"))
-    from tools.cases.vision import MAKERS
-
     cases.update({name: Case(name, "vision", needs, make) for name, (needs, make) in MAKERS.items()})
     return cases
 

@@ -10,7 +10,7 @@ Modes:
   to ``DIR/<case>.mega``;
 - ``mega``: ``torch.compiler.load_cache_artifacts(DIR/<case>.mega's bytes)`` first, then as ``torch``;
 - ``percall``: ours and ``torch.compile``'s of each case in one process, called in turns (``--calls`` each, sizes
-  alternating as the case's :attr:`~tools.cases.libs.Setup.call` makes them), each call timed alone
+  alternating as the case's :attr:`~tools.cases.base.Setup.call` makes them), each call timed alone
   (:func:`per_call` says how the two are kept apart).
 
 The cases are built before the clock starts; each case's clock then covers the compile call, its calls, and (mode

@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from tools.cases.base import Setup
+
 IMAGE = 32  # image side of the vision cases, in pixels
 CLASSES = 10
 
@@ -44,9 +46,7 @@ def import_torchvision() -> Any:
     return torchvision
 
 
-def _classifier(make: Any, device: str) -> Any:
-    from tools.cases.libs import Setup
-
+def _classifier(make: Any, device: str) -> Setup:
     torch.manual_seed(0)
     model = make().to(device).eval()
     g = torch.Generator().manual_seed(1)
@@ -58,19 +58,19 @@ def _classifier(make: Any, device: str) -> Any:
     return Setup(model, None, run, lambda fn, i: fn(images[i % 2]))
 
 
-def _resnet18(device: str, **config: Any) -> Any:
+def _resnet18(device: str, **config: Any) -> Setup:
     tv = import_torchvision()
     return _classifier(lambda: tv.models.resnet18(**{"num_classes": CLASSES, **config}), device)
 
 
-def _tv_vit(device: str, **config: Any) -> Any:
+def _tv_vit(device: str, **config: Any) -> Setup:
     tv = import_torchvision()
     defaults = dict(image_size=IMAGE, patch_size=8, num_layers=2, num_heads=2, hidden_dim=32, mlp_dim=64,
                     num_classes=CLASSES)
     return _classifier(lambda: tv.models.VisionTransformer(**{**defaults, **config}), device)
 
 
-def _timm(name: str, defaults: dict[str, Any], device: str, **config: Any) -> Any:
+def _timm(name: str, defaults: dict[str, Any], device: str, **config: Any) -> Setup:
     import_torchvision()  # timm imports torchvision
     import timm
 
