@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,6 +30,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 if __name__ == "__main__":  # run by path: the repository root in place of this folder (tools/__init__.py)
     sys.path[0] = str(REPO)
+
+from tools._common import ChildFailed, child_flag, run_child, self_command, sync  # noqa: E402 - after the path
 
 EXTRA = ("mlp12_static", "mlp12_dynamic")
 
@@ -43,16 +44,9 @@ def _args(argv=None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=5, help="timed batches per callable (default 5; best reported)")
     p.add_argument("--json", action="store_true", help="print only the JSON line on stdout (table to stderr)")
     p.add_argument("--workdir", default=None, help="keep artifacts here (default: a temp dir)")
-    p.add_argument("--phase", default=None, help=argparse.SUPPRESS)
-    p.add_argument("--case", default=None, help=argparse.SUPPRESS)
+    child_flag(p, "--phase")
+    child_flag(p, "--case")
     return p.parse_args(argv)
-
-
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        import torch
-
-        torch.cuda.synchronize()
 
 
 def phase_build(a: argparse.Namespace, work: Path) -> dict:
@@ -114,11 +108,11 @@ def phase_measure(a: argparse.Namespace, work: Path, key: str) -> dict:
         for r in range(a.rounds):
             for n in order[r % 3:] + order[:r % 3]:
                 fn = fns[n]
-                _sync(a.device)
+                sync(a.device)
                 t = time.perf_counter()
                 for _ in range(a.calls):
                     fn(*args)
-                _sync(a.device)
+                sync(a.device)
                 best[n] = min(best[n], (time.perf_counter() - t) / a.calls)
     us = {n: round(best[n] * 1e6, 2) if n in best else None for n in ("ours", "torch", "fresh")}
     return {"us": us, "equal": equal, "failed": failed,
@@ -128,13 +122,12 @@ def phase_measure(a: argparse.Namespace, work: Path, key: str) -> dict:
 def _child(a: argparse.Namespace, work: Path, case: str, phase: str, key: str = "") -> dict:
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(work / "inductor"),
                PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p))
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--phase", phase, "--case", case, "--device", a.device,
-           "--workdir", str(work), "--calls", str(a.calls), "--rounds", str(a.rounds)] + (["--cases", key] if key else [])
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"{case} {phase} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
-    return json.loads(lines[-1])
+    cmd = self_command(__file__, "--phase", phase, "--case", case, "--device", a.device, "--workdir", str(work),
+                       "--calls", str(a.calls), "--rounds", str(a.rounds), *(["--cases", key] if key else []))
+    try:
+        return run_child(cmd, f"{case} {phase}", env=env, timeout=1800)
+    except ChildFailed as err:
+        raise RuntimeError(f"{err}:\n{err.stdout[-3000:]}\n{err.stderr[-5000:]}") from None
 
 
 def main(argv=None) -> int:

@@ -41,6 +41,8 @@ REPO = Path(__file__).resolve().parents[2]
 if __name__ == "__main__":  # run by path: the repository root in place of this folder (tools/__init__.py)
     sys.path[0] = str(REPO)
 
+from tools._common import ChildFailed, answer, child_flag, self_command, sync  # noqa: E402 - after the path
+
 
 def _args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -54,16 +56,9 @@ def _args(argv=None) -> argparse.Namespace:
                         "(the graph engine: no host code); the others as usual")
     p.add_argument("--profile", action="store_true",
                    help="print a cProfile of each precompile load and its first call to stderr")
-    p.add_argument("--phase", default=None, help=argparse.SUPPRESS)
-    p.add_argument("--case", default=None, help=argparse.SUPPRESS)
+    child_flag(p, "--phase")
+    child_flag(p, "--case")
     return p.parse_args(argv)
-
-
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        import torch
-
-        torch.cuda.synchronize()
 
 
 def _clone(values):
@@ -87,7 +82,7 @@ def _run(fn, inputs, device: str, copy: bool = True):
     args = _clone(inputs) if copy else list(inputs)
     with torch.no_grad():
         out = fn(*args)
-    _sync(device)
+    sync(device)
     return list(out) if isinstance(out, (list, tuple)) else [out], args
 
 
@@ -149,7 +144,7 @@ def phase_load(a: argparse.Namespace, work: Path, which: str, key: str, url: str
     io = torch.load(work / "io.pt", weights_only=False)
     sets, refs = io["sets"], io["refs"]
     first_args = _clone(sets["example"])  # copied before the clock starts: eager's first call copies nothing
-    _sync(a.device)
+    sync(a.device)
     before = set(sys.modules)
     profile = None
     if a.profile and which == "ours":
@@ -200,10 +195,10 @@ def phase_load(a: argparse.Namespace, work: Path, which: str, key: str, url: str
             fn(*args)
         times = []
         for _ in range(a.calls):
-            _sync(a.device)
+            sync(a.device)
             t = time.perf_counter()
             fn(*args)
-            _sync(a.device)
+            sync(a.device)
             times.append(time.perf_counter() - t)
     return {"load_s": t1 - t0, "first_call_s": t2 - t_first, "steady_ms": statistics.median(times) * 1e3,
             "engine": getattr(fn, "engine_kind", "torch"), "equal": equal, "imported_by_load": imported}
@@ -219,7 +214,7 @@ def phase_eager(a: argparse.Namespace, work: Path) -> dict:
     t = time.perf_counter()
     with torch.no_grad():
         model(*inputs)
-    _sync(a.device)
+    sync(a.device)
     return {"first_call_s": time.perf_counter() - t}
 
 
@@ -237,8 +232,8 @@ def _env(work: Path, name: str) -> dict:
 
 
 def _child(a: argparse.Namespace, work: Path, case: str, phase: str, no_host_code: bool = False) -> dict:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--phase", phase, "--case", case, "--workdir", str(work),
-           "--device", a.device, "--calls", str(a.calls), *(["--profile"] if a.profile else [])]
+    cmd = self_command(__file__, "--phase", phase, "--case", case, "--workdir", str(work), "--device", a.device,
+                       "--calls", str(a.calls), *(["--profile"] if a.profile else []))
     env = _env(work, phase.split(",")[0])
     env.pop("PRECOMPILE_REQUIRE_NO_HOST_CODE", None)
     if no_host_code:
@@ -246,10 +241,11 @@ def _child(a: argparse.Namespace, work: Path, case: str, phase: str, no_host_cod
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
     if a.profile and "--- profile" in proc.stderr:
         sys.stderr.write(proc.stderr[proc.stderr.index("--- profile"):])
-    if proc.returncode != 0:
-        sys.stderr.write(proc.stderr[-4000:])
-        raise RuntimeError(f"{case}: phase {phase.split(',')[0]} failed with exit code {proc.returncode}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    try:
+        return answer(f"{case}: phase {phase.split(',')[0]}", proc.returncode, proc.stdout, proc.stderr)
+    except ChildFailed as err:
+        sys.stderr.write(err.stderr[-4000:])
+        raise
 
 
 def measure(a: argparse.Namespace, root: Path, case: str, warm: bool) -> dict:

@@ -46,7 +46,6 @@ import logging
 import os
 import resource
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -57,6 +56,11 @@ from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+if __name__ == "__main__":  # run by path: the repository root in place of this folder (tools/__init__.py)
+    sys.path[0] = str(ROOT)
+
+from tools._common import child_flag, free_port  # noqa: E402 - after the repository root is on the path
+
 log = logging.getLogger("bench_fleet_torch")
 SCENARIOS = ("precompile", "torch")
 TORCH_REMOTE_ENV = ("TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE", "TORCHINDUCTOR_AUTOGRAD_REMOTE_CACHE",
@@ -77,17 +81,11 @@ def _args(argv=None) -> argparse.Namespace:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     p.add_argument("--json-out", default=None, help="also write the JSON object to this file")
     p.add_argument("--workdir", default=None, help="keep worker dirs here (default: a temp dir, removed)")
-    p.add_argument("--worker", nargs=4, metavar=("SCENARIO", "URL", "READY_DIR", "GO_FILE"), help=argparse.SUPPRESS)
+    child_flag(p, "--worker", nargs=4, metavar=("SCENARIO", "URL", "READY_DIR", "GO_FILE"))
     return p.parse_args(argv)
 
 
 # ------------------------------------------------------------------------------------------------ redis
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextmanager
 def redis_server(workdir: Path, *extra: str):
     """A fresh ``redis-server`` on a free loopback port, no persistence; yields ``(port, client)``, then kills
@@ -98,7 +96,7 @@ def redis_server(workdir: Path, *extra: str):
     if exe is None:
         raise SystemExit("redis-server not found (apt-get install redis-server)")
     workdir.mkdir(parents=True, exist_ok=True)
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
                              "--dir", str(workdir), "--protected-mode", "no", "--loglevel", "warning", *extra],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -30,12 +30,15 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+if __name__ == "__main__":  # run by path: the repository root in place of this folder (tools/__init__.py)
+    sys.path[0] = str(REPO)
+
+from tools._common import ChildFailed, run_child  # noqa: E402 - after the repository root is on the path
 
 # Runs in every process: builds the case's function and inputs (deterministic) as ``fn, args, kwargs, dyn``.
 CASES = r'''
@@ -140,11 +143,10 @@ print(json.dumps({"load": load, "first_call": total - load, "frames": int(counte
 
 
 def run(code: str, *args: str, env: dict[str, str]) -> dict:
-    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, timeout=900)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        raise SystemExit(f"{args} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    return json.loads(lines[-1])
+    try:
+        return run_child([sys.executable, "-c", code, *args], str(args), env=env, timeout=900)
+    except ChildFailed as err:
+        raise SystemExit(f"{err}:\n{err.stderr[-3000:]}") from None
 
 
 def main() -> None:

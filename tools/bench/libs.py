@@ -47,6 +47,8 @@ REPO = Path(__file__).resolve().parents[2]
 if __name__ == "__main__":  # run by path: the repository root in place of this folder (tools/__init__.py)
     sys.path[0] = str(REPO)
 
+from tools._common import ChildFailed, run_child  # noqa: E402 - after the repository root is on the path
+
 log = logging.getLogger("precompile.tools.bench.libs")
 
 
@@ -80,13 +82,12 @@ class Runner:
             cmd += ["--config", self.a.config]
         env = {**self.env, "TORCHINDUCTOR_CACHE_DIR": str(inductor), "TRITON_CACHE_DIR": str(inductor / "triton")}
         started = time.perf_counter()
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=self.a.timeout)
-        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-        if proc.returncode != 0 or not lines:
-            tail = proc.stderr.strip().splitlines()[-1:] or ["no output"]
-            log.warning("%s %s failed (exit %d): %s", self.case, mode, proc.returncode, proc.stderr[-3000:])
+        try:
+            rep = run_child(cmd, f"{self.case} {mode}", env=env, timeout=self.a.timeout)
+        except ChildFailed as err:
+            tail = err.stderr.strip().splitlines()[-1:] or ["no output"]
+            log.warning("%s %s failed (exit %d): %s", self.case, mode, err.returncode, err.stderr[-3000:])
             return {"error": f"{mode}: {tail[0][:160]}"}
-        rep = json.loads(lines[-1])
         row = {**rep["cases"][self.case], "frames": rep["frames"]}
         log.info("  %-18s %-8s %6.1f s in the process; %s", self.case, tag if mode == "ours" else mode,
                  time.perf_counter() - started, _brief(row))

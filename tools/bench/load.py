@@ -49,7 +49,8 @@ REPO = Path(__file__).resolve().parents[2]
 if __name__ == "__main__":  # run by path: the repository root in place of this folder (tools/__init__.py)
     sys.path[0] = str(REPO)
 
-from tools.bench.load_phases import phase_build, phase_build_ours, phase_eager, phase_load  # noqa: E402 - after the path
+from tools._common import ChildFailed, child_flag, finish_child, self_command, start_child  # noqa: E402
+from tools.bench.load_phases import phase_build, phase_build_ours, phase_eager, phase_load  # noqa: E402
 
 
 def _args(argv=None) -> argparse.Namespace:
@@ -70,24 +71,25 @@ def _args(argv=None) -> argparse.Namespace:
                    help="fresh-process precompile loads, plain and primed alternating (medians reported)")
     p.add_argument("--repeat", type=int, default=3,
                    help="signed and unsigned fresh-process loads, alternating, for the signing cost (medians)")
-    p.add_argument("--phase", default=None, help=argparse.SUPPRESS)
+    child_flag(p, "--phase")
     return p.parse_args(argv)
 
+
 def _start_child(a: argparse.Namespace, work: Path, phase: str, env: dict) -> subprocess.Popen:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--phase", phase, "--workdir", str(work),
-           "--model", a.model, "--shape", a.shape, "--device", a.device, "--calls", str(a.calls)]
+    cmd = self_command(__file__, "--phase", phase, "--workdir", str(work), "--model", a.model, "--shape", a.shape,
+                       "--device", a.device, "--calls", str(a.calls))
     for flag, v in (("--config", a.config), ("--dtype", a.dtype), ("--options", a.options)):
         if v:
             cmd += [flag, v]
-    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return start_child(cmd, env)
 
 
 def _finish_child(proc: subprocess.Popen) -> dict:
-    out, err = proc.communicate()
-    if proc.returncode != 0:
-        sys.stderr.write(err[-4000:])
-        raise SystemExit(f"benchmark phase {proc.args[3]} failed with exit code {proc.returncode}")
-    return json.loads(out.strip().splitlines()[-1])
+    try:
+        return finish_child(proc, f"benchmark phase {proc.args[3]}")
+    except ChildFailed as err:
+        sys.stderr.write(err.stderr[-4000:])
+        raise SystemExit(str(err)) from None
 
 
 def _child(a: argparse.Namespace, work: Path, phase: str, env: dict) -> dict:

@@ -10,12 +10,7 @@ import statistics
 import time
 from pathlib import Path
 
-
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        import torch
-
-        torch.cuda.synchronize()
+from tools._common import sync
 
 
 def _steady_ms(fn, args, device: str, calls: int) -> float:
@@ -23,10 +18,10 @@ def _steady_ms(fn, args, device: str, calls: int) -> float:
         fn(*args)
     times = []
     for _ in range(calls):
-        _sync(device)
+        sync(device)
         t = time.perf_counter()
         fn(*args)
-        _sync(device)
+        sync(device)
         times.append((time.perf_counter() - t) * 1e3)
     return statistics.median(times)
 
@@ -40,10 +35,10 @@ def _paired_ms(a_fn, b_fn, args, device: str, calls: int) -> tuple[float, float]
     times: tuple[list[float], list[float]] = ([], [])
     for _ in range(calls):
         for fn, out in ((a_fn, times[0]), (b_fn, times[1])):
-            _sync(device)
+            sync(device)
             t = time.perf_counter()
             fn(*args)
-            _sync(device)
+            sync(device)
             out.append((time.perf_counter() - t) * 1e3)
     return statistics.median(times[0]), statistics.median(times[1])
 
@@ -81,7 +76,7 @@ def phase_build(a: argparse.Namespace, work: Path) -> dict:
         t = time.perf_counter()
         tart = torch._inductor.standalone_compile(gm, ex, dynamic_shapes="from_example_inputs",
                                                   options={"config_patches": options})
-        _sync(a.device)
+        sync(a.device)
         torch_compile_s = time.perf_counter() - t
         tart.save(path=str(work / "torch.bin"), format="binary")
     with torch.no_grad():
@@ -104,7 +99,7 @@ def phase_build_ours(a: argparse.Namespace, work: Path) -> dict:
     url = "file://" + str(work / "cache")
     t = time.perf_counter()
     art = precompile.standalone_compile(gm, ex, options=options, cache=url)
-    _sync(a.device)
+    sync(a.device)
     seconds = time.perf_counter() - t
     with torch.no_grad():
         compiled_ms = _steady_ms(art, ex, a.device, a.calls)
@@ -152,7 +147,7 @@ def phase_load(a: argparse.Namespace, work: Path, which: str, key: str, url: str
 
     ex = torch.load(work / "inputs.pt", weights_only=False)
     ref = torch.load(work / "ref.pt")
-    _sync(a.device)
+    sync(a.device)
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     _wait_for_go()
     t0 = time.perf_counter()
@@ -168,10 +163,10 @@ def phase_load(a: argparse.Namespace, work: Path, which: str, key: str, url: str
     t1 = time.perf_counter()
     with torch.no_grad():
         out = fn(*ex)
-        _sync(a.device)
+        sync(a.device)
         t2 = time.perf_counter()
         fn(*ex)
-        _sync(a.device)
+        sync(a.device)
         t3 = time.perf_counter()
         rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         steady = _steady_ms(fn, ex, a.device, a.calls)
@@ -193,15 +188,15 @@ def phase_eager(a: argparse.Namespace, work: Path) -> dict:
     recipe = get_recipe(a.model, config=a.config, device=a.device, dtype=a.dtype)
     (shape,) = parse_shapes(a.shape)
     model, inputs = recipe.model(), recipe.example_inputs(shape)
-    _sync(a.device)
+    sync(a.device)
     with torch.no_grad():
         t = time.perf_counter()
         model(*inputs)
-        _sync(a.device)
+        sync(a.device)
         first = time.perf_counter() - t
         t = time.perf_counter()
         model(*inputs)
-        _sync(a.device)
+        sync(a.device)
     return {"first_call_s": first, "second_call_s": time.perf_counter() - t}
 
 

@@ -27,6 +27,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+if __name__ == "__main__":  # run by path: the repository root in place of this folder (tools/__init__.py)
+    sys.path[0] = str(REPO)
+
+from tools._common import child_flag  # noqa: E402 - after the repository root is on the path
 
 
 def _template(cache_url: str) -> dict:
@@ -84,7 +88,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--work", type=Path, required=True, help="where the cache is made (and reused)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--pythonpath", type=Path, default=REPO, help="the checkout whose precompile ls runs")
-    ap.add_argument("--fill-only", action="store_true", help=argparse.SUPPRESS)  # the filling process
+    child_flag(ap, "--fill-only", action="store_true", default=False)  # the filling process
     a = ap.parse_args(argv)
     root = a.work / "cache"
     if a.fill_only:

@@ -32,6 +32,11 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+if __name__ == "__main__":  # run by path: the repository root in place of this folder (tools/__init__.py)
+    sys.path[0] = str(REPO)
+
+from tools._common import ChildFailed, run_child  # noqa: E402 - after the repository root is on the path
+
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests"), os.environ.get("PYTHONPATH", "")]),
        "PYTHONWARNINGS": "ignore"}
 
@@ -57,11 +62,11 @@ def timed(fn):
 
 def child(code: str, *args: str, env: dict[str, str] | None = None) -> dict:
     """Run ``PRELUDE + code`` in a fresh process; its last stdout line, parsed."""
-    out = subprocess.run([sys.executable, "-c", PRELUDE + code, *args], env={**ENV, **(env or {})},
-                         capture_output=True, text=True, timeout=900)
-    if out.returncode:
-        raise RuntimeError(f"the {code.split(chr(10))[1][:40]!r} child failed:\n{out.stderr[-3000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    try:
+        return run_child([sys.executable, "-c", PRELUDE + code, *args], f"the {code.split(chr(10))[1][:40]!r} child",
+                         env={**ENV, **(env or {})}, timeout=900)
+    except ChildFailed as err:
+        raise RuntimeError(f"{err}:\n{err.stderr[-3000:]}") from None
 
 
 def as_other_user(cmd: list[str]) -> list[str]:

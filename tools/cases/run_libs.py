@@ -40,6 +40,8 @@ from typing import Any
 
 import torch
 
+from tools._common import sync
+
 log = logging.getLogger("precompile.tools.cases.run_libs")
 
 
@@ -61,18 +63,13 @@ class FirstReturn:
         return out
 
 
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
 def run_case(name: str, mode: str, a: argparse.Namespace) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """Build case ``name``, then (timed) compile it in ``mode`` and make its calls: ``(row, outputs)``."""
     from tools.cases import libs
 
     work = Path(a.work)
     s = libs.setup(name, a.device, a.config)
-    _sync(a.device)
+    sync(a.device)
     dynamo_before = "torch._dynamo" in sys.modules  # transformers and diffusers import it while building a model
     t0 = time.perf_counter()
     loaded = None
@@ -86,7 +83,7 @@ def run_case(name: str, mode: str, a: argparse.Namespace) -> tuple[dict[str, Any
         compiled = torch.compile(s.target, dynamic=s.dynamic)
     first = FirstReturn(compiled)
     out = s.run(first)
-    _sync(a.device)
+    sync(a.device)
     row: dict[str, Any] = {"first_s": first.at - t0, "run_s": time.perf_counter() - t0,
                            "dynamo_before_clock": dynamo_before}
     if mode == "ours":
@@ -131,10 +128,10 @@ def per_call(name: str, a: argparse.Namespace) -> dict[str, Any]:
     for i in range(a.warmup + a.calls):
         order = (("ours", ours), ("torch", theirs)) if i % 2 == 0 else (("torch", theirs), ("ours", ours))
         for who, fn in order:
-            _sync(a.device)
+            sync(a.device)
             t = time.perf_counter()
             s.call(fn, i)
-            _sync(a.device)
+            sync(a.device)
             if i >= a.warmup:
                 times[who].append(time.perf_counter() - t)
     o, t = statistics.median(times["ours"]) * 1e6, statistics.median(times["torch"]) * 1e6

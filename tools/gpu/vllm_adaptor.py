@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -34,6 +33,8 @@ import torch.nn.functional as F
 REPO = Path(__file__).resolve().parents[2]
 if __name__ == "__main__":  # run by path: the repository root in place of this folder (tools/__init__.py)
     sys.path[0] = str(REPO)
+
+from tools._common import ChildFailed, child_flag, run_child, self_command  # noqa: E402 - after the path
 
 HIDDEN, HEADS, HEAD_DIM, VOCAB, INTER = 256, 4, 64, 1024, 512
 RANGE, SINGLE = (1, 512), (8, 8)
@@ -221,8 +222,8 @@ def main() -> int:
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--sizes", default="1,7,8,64,300")
     ap.add_argument("--cache", help="precompile cache URL (default: a fresh local cache in a temporary dir)")
-    ap.add_argument("--phase", choices=["cold", "warm"], help=argparse.SUPPRESS)
-    ap.add_argument("--out", help=argparse.SUPPRESS)
+    child_flag(ap, "--phase", choices=["cold", "warm"])
+    child_flag(ap, "--out")
     args = ap.parse_args()
     if args.phase:
         print(json.dumps(phase(args, Path(args.out), warm=args.phase == "warm")))
@@ -231,13 +232,13 @@ def main() -> int:
         args.cache = args.cache or "file://" + os.path.join(tmp, "cache")
         runs = {}
         for ph in ("cold", "warm"):  # each phase a fresh process: the warm one must hit every piece
-            cmd = [sys.executable, __file__, "--phase", ph, "--out", tmp, "--device", args.device, "--layers",
-                   str(args.layers), "--sizes", args.sizes, "--cache", args.cache]
-            proc = subprocess.run(cmd, capture_output=True, text=True)
-            if proc.returncode != 0:
-                print(proc.stdout[-3000:], proc.stderr[-6000:], file=sys.stderr)
+            cmd = self_command(__file__, "--phase", ph, "--out", tmp, "--device", args.device, "--layers",
+                               str(args.layers), "--sizes", args.sizes, "--cache", args.cache)
+            try:
+                runs[ph] = run_child(cmd, ph)
+            except ChildFailed as err:
+                print(err.stdout[-3000:], err.stderr[-6000:], file=sys.stderr)
                 return 1
-            runs[ph] = json.loads(proc.stdout.strip().splitlines()[-1])
     return report(args, runs)
 
 

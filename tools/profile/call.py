@@ -34,9 +34,9 @@ def main(argv=None) -> int:
     from torch._inductor.utils import fresh_cache
 
     import precompile
+    from tools._common import sync
     from tools.cases.graphs import build_case
 
-    sync = torch.cuda.synchronize if a.device.startswith("cuda") else (lambda: None)
     case = build_case(a.case, a.device)
     gm, example = case.capture()
     with tempfile.TemporaryDirectory() as tmp, torch.no_grad():
@@ -56,18 +56,18 @@ def main(argv=None) -> int:
         for name, fn in fns.items():
             best = float("inf")
             for _ in range(5):
-                sync()
+                sync(a.device)
                 t = time.perf_counter()
                 for _ in range(a.calls):
                     fn(*args)
-                sync()
+                sync(a.device)
                 best = min(best, (time.perf_counter() - t) / a.calls)
             print(f"{name:14} {best * 1e6:9.2f} us per call")
         prof = cProfile.Profile()
         prof.enable()
         for _ in range(a.calls):
             ours(*args)
-        sync()
+        sync(a.device)
         prof.disable()
     pstats.Stats(prof).sort_stats("tottime").print_stats(18)
     return 0

@@ -17,14 +17,17 @@ import cProfile
 import io
 import json
 import pstats
+import sys
 import time
+from pathlib import Path
 
 import torch
 
+REPO = Path(__file__).resolve().parents[2]
+if __name__ == "__main__":  # run by path: the repository root in place of this folder (tools/__init__.py)
+    sys.path[0] = str(REPO)
 
-def _sync() -> None:
-    if torch.cuda.is_initialized():
-        torch.cuda.synchronize()
+from tools._common import sync  # noqa: E402 - after the repository root is on the path
 
 
 def main() -> None:
@@ -35,7 +38,7 @@ def main() -> None:
     p.add_argument("--top", type=int, default=15)
     a = p.parse_args()
     inputs = torch.load(a.inputs, weights_only=False)
-    _sync()
+    sync()
     t0 = time.perf_counter()
     import precompile
 
@@ -45,11 +48,11 @@ def main() -> None:
     with torch.no_grad():
         prof.enable()
         art(*inputs)
-        _sync()
+        sync()
         prof.disable()
         t2 = time.perf_counter()
         art(*inputs)
-        _sync()
+        sync()
         t3 = time.perf_counter()
     primer = art.primer
     out = io.StringIO()

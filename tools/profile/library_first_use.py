@@ -15,9 +15,15 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+if __name__ == "__main__":  # run by path: the repository root in place of this folder (tools/__init__.py)
+    sys.path[0] = str(REPO)
+
+from tools._common import ChildFailed, child_flag, run_child, self_command  # noqa: E402 - after the path
 
 #: case -> (environment, Python that defines ``call()``; ``torch``, ``F`` and ``dev`` are in scope).
 _QKV = "q, k, v = (torch.randn(4, 16, 256, 64, device=dev, dtype=torch.bfloat16) for _ in range(3))\n"
@@ -67,7 +73,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--cases", default=",".join(CASES))
-    p.add_argument("--case", help=argparse.SUPPRESS)
+    child_flag(p, "--case")
     a = p.parse_args()
     if a.case:
         print(json.dumps(_child(a.case)))
@@ -78,12 +84,11 @@ def main() -> None:
         env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"} | CASES[case][0]
         rows = []
         for _ in range(a.rounds + 1):  # the first round writes bytecode and is not counted
-            proc = subprocess.run([sys.executable, __file__, "--case", case], env=env, capture_output=True,
-                                  text=True, timeout=120)
-            if proc.returncode:
-                print(f"| {case} | failed: {proc.stderr.strip().splitlines()[-1][:100]} | | |")
+            try:
+                rows.append(run_child(self_command(__file__, "--case", case), case, env=env, timeout=120))
+            except ChildFailed as err:
+                print(f"| {case} | failed: {(err.stderr.strip().splitlines() or [str(err)])[-1][:100]} | | |")
                 break
-            rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
         else:
             med = {f: statistics.median(r[f] for r in rows[1:]) for f in rows[0]}
             print(f"| {case} | {med['context_s']:.3f} | {med['first_s']:.4f} | {med['second_s']:.4f} |")

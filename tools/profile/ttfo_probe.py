@@ -28,18 +28,17 @@ import json
 import os
 import pstats
 import statistics
-import subprocess
 import sys
 import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+if __name__ == "__main__":  # run by path: the repository root in place of this folder (tools/__init__.py)
+    sys.path[0] = str(REPO)
+
+from tools._common import ChildFailed, child_flag, run_child, self_command, sync  # noqa: E402 - after the path
 
 SCENARIOS = ("plain", "prime", "early", "serial")
-
-
-def _sync() -> None:
-    import torch
-
-    if torch.cuda.is_initialized():
-        torch.cuda.synchronize()
 
 
 def _child(a: argparse.Namespace) -> dict:
@@ -51,13 +50,13 @@ def _child(a: argparse.Namespace) -> dict:
 
     inputs = torch.load(a.inputs, weights_only=False)
     calls = load_from_cache(a.key, a.cache).manifest.parts["fast"].get("prime")
-    _sync()
+    sync()
     res: dict = {}
     if a.scenario == "calls":
         t = time.perf_counter()
         if torch.cuda.is_available():
             torch.cuda.current_blas_handle()
-        _sync()
+        sync()
         res["blas_handle_s"] = time.perf_counter() - t
         rows = []
         for fn, args, kwargs in prime.check_calls(calls):
@@ -65,10 +64,10 @@ def _child(a: argparse.Namespace) -> dict:
             kw = {k: prime._materialize(v) for k, v in kwargs.items()}
             times = []
             for _ in range(2):
-                _sync()
+                sync()
                 t = time.perf_counter()
                 fn(*xs, **kw)
-                _sync()
+                sync()
                 times.append(time.perf_counter() - t)
             rows.append({"op": str(fn), "shapes": [x.shape for x in xs if isinstance(x, torch.Tensor)],
                          "first_s": times[0], "second_s": times[1]})
@@ -100,10 +99,10 @@ def _child(a: argparse.Namespace) -> dict:
         primer.wait()
     with torch.no_grad():
         art(*inputs)
-        _sync()
+        sync()
         t3 = time.perf_counter()
         art(*inputs)
-        _sync()
+        sync()
         t4 = time.perf_counter()
     primer = primer or art.primer
     res.update(engine=art.engine_kind, load_s=t2 - t1, first_s=t3 - t2, second_s=t4 - t3, ttfo_s=t3 - t0,
@@ -113,11 +112,11 @@ def _child(a: argparse.Namespace) -> dict:
 
 def _run(a: argparse.Namespace, scenario: str) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    cmd = [sys.executable, __file__, a.key, "--cache", a.cache, "--inputs", a.inputs, "--scenario", scenario]
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    if p.returncode:
-        raise SystemExit(f"{scenario} failed:\n{p.stderr[-3000:]}")
-    return json.loads(p.stdout.strip().splitlines()[-1])
+    cmd = self_command(__file__, a.key, "--cache", a.cache, "--inputs", a.inputs, "--scenario", scenario)
+    try:
+        return run_child(cmd, scenario, env=env, timeout=300)
+    except ChildFailed as err:
+        raise SystemExit(f"{err}:\n{err.stderr[-3000:]}") from None
 
 
 def main() -> None:
@@ -126,7 +125,7 @@ def main() -> None:
     p.add_argument("--cache", required=True)
     p.add_argument("--inputs", required=True)
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--scenario", default=None, help=argparse.SUPPRESS)
+    child_flag(p, "--scenario")
     a = p.parse_args()
     if a.scenario:
         print(json.dumps(_child(a)))

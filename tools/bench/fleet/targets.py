@@ -13,7 +13,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -21,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import redis
+
+from tools._common import free_port
 
 log = logging.getLogger("bench_fleet")
 
@@ -30,23 +31,6 @@ def require(exe: str) -> str:
     if path is None:
         raise SystemExit(f"{exe} not found (apt-get install redis-server)")
     return path
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now, with port + 10000 free too (a cluster node's bus port)."""
-    for _ in range(200):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port >= 55000:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port + 10000))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError("no free port pair found")
 
 
 class Node:
