@@ -1,4 +1,4 @@
-"""The phases of :mod:`tools.bench.load`, each run in its own fresh process (``bench_load.py --phase ...``)."""
+"""The phases of :mod:`tools.bench.load`, each run in its own fresh process (``tools/bench/load.py --phase ...``)."""
 
 from __future__ import annotations
 

@@ -306,7 +306,8 @@ def main(argv: list[str]) -> None:
     cases = argv or list(runs)
     unknown = [name for name in cases if name not in runs]
     if unknown:
-        raise SystemExit(f"bench_squatting: no case {', '.join(unknown)}; cases: {' '.join(runs)} (see the docstring)")
+        raise SystemExit(f"tools/bench/squatting.py: no case {', '.join(unknown)}; cases: {' '.join(runs)} "
+                         "(see the docstring)")
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         work.chmod(0o755)  # the other user reaches the lock files (they are 0644, as a cache makes them)
