@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from tools import recipes
+from tools.cases import recipes
 
 D = 16
 H = 32
@@ -113,7 +113,7 @@ if __name__ == "__main__":  # python tests/_graphs.py: print the keys and the en
 
 # ------------------------------------------------------------------------------------ graphs real servers compile
 class DecodeStep(recipes.DecodeStep):
-    """``tools.recipes.DecodeStep`` with its in-place bump and its output combination as custom operators
+    """``tools.cases.recipes.DecodeStep`` with its in-place bump and its output combination as custom operators
     (``tests/_custom_ops.py``): ``pctest::bump_`` writes into the caller's ``counter``."""
 
     def count(self, counter: torch.Tensor) -> None:
@@ -128,7 +128,7 @@ class DecodeStep(recipes.DecodeStep):
 
 
 def decode_step(**kwargs: Any) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
-    """``tools.recipes.decode_step`` with custom operators (:class:`DecodeStep`), ``d`` = :data:`D`."""
+    """``tools.cases.recipes.decode_step`` with custom operators (:class:`DecodeStep`), ``d`` = :data:`D`."""
     kwargs.setdefault("d", D)
     return recipes.decode_step(cls=DecodeStep, **kwargs)
 

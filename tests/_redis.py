@@ -7,12 +7,13 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
+
+from tools._common import free_port  # the tools' search: each port handed out once per process
 
 REDIS_SERVER = shutil.which("redis-server")
 REDIS_CLI = shutil.which("redis-cli")
@@ -24,31 +25,6 @@ def require_redis() -> str:
         pytest.fail("redis-server/redis-cli not found: install Debian's redis-server (apt-get install redis-server); "
                     ".ci/run does")
     return REDIS_SERVER
-
-
-#: Ports this process handed out already.  One is never handed out twice: a cache of this process keeps a server's
-#: circuit breaker by address (cache_backends/redis/health.py), so a fresh server on the port of one an earlier test
-#: stopped would be failed fast as "down" for ``down_s`` (a CI failure once).
-_HANDED_OUT: set[int] = set()
-
-
-def free_port(below: int = 55000) -> int:
-    """A TCP port free on 127.0.0.1 now and not handed out before by this process (and, below 55000, with
-    port+10000 free for a cluster bus)."""
-    for _ in range(200):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port >= below or port in _HANDED_OUT:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port + 10000))
-            except OSError:
-                continue
-        _HANDED_OUT.add(port)
-        return port
-    raise RuntimeError("no free port pair found")
 
 
 def make_tls_files(workdir: Path) -> dict[str, Path]:

@@ -1,7 +1,8 @@
-"""tools/bench_fleet.py measures what Redis served: its sampler's byte accounting, against a real redis-server.
+"""``python -m tools.bench.fleet`` measures what Redis served: its sampler's byte accounting, against a real
+redis-server.
 
 The storm's bytes per node are ``total_net_output_bytes`` deltas less replication and less the sampler's own INFO
-replies (:class:`tools.fleet.targets.Sampler`); the fairness figure of the issue (``max_node_share``) rests on
+replies (:class:`tools.bench.fleet.targets.Sampler`); the fairness figure of the issue (``max_node_share``) rests on
 them, so they are checked here against bytes a client counted itself.
 """
 
@@ -12,8 +13,8 @@ import time
 
 import pytest
 
-from tools.fleet.report import node_share
-from tools.fleet.targets import Sampler, start_single
+from tools.bench.fleet.report import node_share
+from tools.bench.fleet.targets import Sampler, start_single
 
 
 @pytest.fixture
@@ -66,7 +67,7 @@ def test_a_fetch_only_storm_reads_verifies_and_counts_everything_against_a_real_
     require_redis()
     artifacts("make_fx")
     out = tmp_path / "all.json"
-    res = subprocess.run([sys.executable, "tools/bench_fleet.py", "--fetch-only", "--workers", "3", "--keys", "1",
+    res = subprocess.run([sys.executable, "-m", "tools.bench.fleet", "--fetch-only", "--workers", "3", "--keys", "1",
                           "--seed-cache", artifacts.cache_url_for("make_fx"), "--gpu-mb", "0.5", "--lone-repeat",
                           "1", "--procs", "2", "--json", "--json-out", str(out)],
                          cwd=REPO, env=python_env(), capture_output=True, text=True, timeout=300)

@@ -9,6 +9,9 @@ would close one), while the layer order applies to the modules an import names. 
 literal name of ours counts as an import too.  The test fails on any circle among modules, and on any import of a
 module in a higher layer (:data:`LAYERS`, lowest first).  The one exception is a package's module-level
 ``__getattr__`` handing out a public name on first use (:data:`LAZY_API`): it runs after every import is done.
+
+``tools/`` is read the same way: no circle among its modules (a lazy import that breaks one is still one), nothing
+of the two packages imports it, and it keeps its wings (:data:`TOOL_WINGS`) and at most six entries besides them.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 ROOTS = ("precompile", "cache_backends")
+#: The folders of ``tools/`` (tools/__init__.py says what each holds).
+TOOL_WINGS = frozenset({"bench", "profile", "cases", "gpu", "install"})
 
 #: Lowest first.  A module may import its own layer and those below it, never one above.  A module belongs to
 #: the layer of the longest entry that names it: an entry names its package's modules, or (:data:`EXACT`) one module.
@@ -50,10 +55,10 @@ EXACT = frozenset({"precompile", "precompile.__main__"})
 LAZY_API = frozenset({("cache_backends", "cache_backends.registry")})
 
 
-def modules(repo: Path = REPO) -> dict[str, Path]:
-    """``{dotted module name: file}`` for every module of the two packages under ``repo``."""
+def modules(repo: Path = REPO, roots: tuple[str, ...] = ROOTS) -> dict[str, Path]:
+    """``{dotted module name: file}`` for every module of the packages ``roots`` (default: the two) under ``repo``."""
     found = {}
-    for root in ROOTS:
+    for root in roots:
         for path in sorted((repo / root).rglob("*.py")):
             parts = list(path.relative_to(repo).with_suffix("").parts)
             if parts[-1] == "__init__":
@@ -129,11 +134,11 @@ def _targets(name: str, node: ast.Import | ast.ImportFrom, known: dict[str, Path
     return out - {name}
 
 
-def import_graph(parents: bool = True, repo: Path = REPO) -> dict[str, set[str]]:
-    """``{module: modules its import statements run}`` over both packages; with ``parents=False``, only the
-    modules they name (not the packages around them).  A package's lazy API lookups are left out
-    (:func:`lazy_api_lookups`)."""
-    known = modules(repo)
+def import_graph(parents: bool = True, repo: Path = REPO, roots: tuple[str, ...] = ROOTS) -> dict[str, set[str]]:
+    """``{module: modules of ours its import statements run}`` over the packages ``roots`` (default: the two);
+    with ``parents=False``, only the modules they name (not the packages around them).  A package's lazy API
+    lookups are left out (:func:`lazy_api_lookups`)."""
+    known = modules(repo, roots)
     graph: dict[str, set[str]] = {}
     for name, path in known.items():
         tree = ast.parse(path.read_text(), filename=str(path))
@@ -268,6 +273,39 @@ def test_the_root_keeps_the_api_and_at_most_eight_modules() -> None:
     root = sorted(p.name for p in (REPO / "precompile").glob("*.py"))
     assert len(root) <= 8, root
     assert {"__init__.py", "config.py", "errors.py"} <= set(root)
+
+
+def test_tools_import_without_circles_and_nothing_imports_them() -> None:
+    found = circles(import_graph(roots=("tools",)))
+    assert not found, "import circles in tools/: " + "; ".join(" <-> ".join(c) for c in found)
+    graph = import_graph(parents=False, roots=(*ROOTS, "tools"))
+    into = [f"{a} imports {b}" for a, targets in sorted(graph.items()) if a.split(".")[0] in ROOTS
+            for b in sorted(targets) if b.split(".")[0] == "tools"]
+    assert not into, "the packages import tools/: " + "; ".join(into)
+
+
+def test_tools_keep_their_wings_and_at_most_six_entries() -> None:
+    """Besides its wings, ``tools/`` holds the main job (the README's first command runs it by this path), its
+    package file and a few more: at most six entries, none of them a folder."""
+    entries = sorted(p.name for p in (REPO / "tools").iterdir() if p.name not in TOOL_WINGS | {"__pycache__"})
+    assert len(entries) <= 6, f"tools/ holds more than six entries besides its wings: {entries}"
+    assert {"__init__.py", "main_job.py"} <= set(entries), entries
+    folders = [e for e in entries if (REPO / "tools" / e).is_dir()]
+    assert not folders, f"folders of tools/ that are no wing of TOOL_WINGS: {folders}"
+
+
+def test_the_tools_check_sees_a_circle_a_lazy_import_breaks(tmp_path: Path) -> None:
+    """Two case modules that import each other, one of them inside a function (which runs after both are
+    loaded, and so "breaks" the circle at import time): still a circle."""
+    for name, text in {
+        "tools/__init__.py": "",
+        "tools/cases/__init__.py": "",
+        "tools/cases/libs.py": "from tools.cases.vision import MAKERS\n",
+        "tools/cases/vision.py": "def make():\n    from tools.cases.libs import Setup\n",
+    }.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert circles(import_graph(repo=tmp_path, roots=("tools",))) == [["tools.cases.libs", "tools.cases.vision"]]
 
 
 def test_the_checks_see_a_climb_and_a_circle(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ rewrites on its first CUDA choice, putting cuDNN first on Hopper and Blackwell G
 that choice first, so that the order read is the one the compile uses.
 
 cuDNN attention costs a fresh process's first call a plan build: 0.11 s on an H100 for a 4x16x256x64 bf16 causal
-call, against 0.005 s for flash and 0.003 s for memory-efficient attention (``tools/library_first_use.py``,
+call, against 0.005 s for flash and 0.003 s for memory-efficient attention (``tools/profile/library_first_use.py``,
 docs/benchmarks.md); PyTorch caches the plan per thread and per shape (``aten/src/ATen/native/cudnn/MHA.cpp``), so
 each new sequence length of a dynamic graph pays it again, and a replay in another thread cannot pay it ahead.
 So where graph rewrites are on (:func:`precompile.config.rewrites_enabled`), precompile compiles CUDA graphs with

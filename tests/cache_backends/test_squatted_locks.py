@@ -2,7 +2,7 @@
 access only may ``flock`` them (lock files are 0644, and ``flock`` needs no write access).  A load never waits
 on the stats lock and loses no count; a near miss waits for the fetch locks at most ``fetch_wait`` (default 1 s),
 then fetches on its own.  The holders are real processes; how long a call takes is measured by
-``tools/bench_squatting.py`` (its ``stats`` and ``fetch`` cases), not asserted here."""
+``tools/bench/squatting.py`` (its ``stats`` and ``fetch`` cases), not asserted here."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """``precompile ls --json`` is written as it is read (issue 34: 100,000 refs took 78.6 s and 3.69 GB, every manifest
 kept): one JSON array, byte for byte what ``json.dumps`` of the whole list wrote, in key order, with malformed
-entries in their place.  Its time and memory are measured by tools/bench_ls.py, not here."""
+entries in their place.  Its time and memory are measured by tools/bench/ls.py, not here."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""What ``tests/function/test_libs.py`` and ``test_vision.py`` share: a group of library cases (:mod:`tools.lib_cases`)
+"""What ``tests/function/test_libs.py`` and ``test_vision.py`` share: a group of library cases (:mod:`tools.cases.libs`)
 run by one cold and one warm fresh process, and the assertions issue 28 asks of every family.
 
 The cold process starts from an empty Inductor cache directory and an empty precompile cache, compiles each case
@@ -17,12 +17,12 @@ from typing import Any
 
 from conftest import run_python
 
-RUN = "import sys; from tools.lib_run import main; main(sys.argv[1:])"
+RUN = "import sys; from tools.cases.run_libs import main; main(sys.argv[1:])"
 
 
 @dataclass
 class GroupRun:
-    """A group's two processes: their JSON reports (:mod:`tools.lib_run`) and their outputs (``{case: {name:
+    """A group's two processes: their JSON reports (:mod:`tools.cases.run_libs`) and their outputs (``{case: {name:
     tensor}}``)."""
 
     cold: dict[str, Any]

@@ -1,4 +1,4 @@
-"""The library families of issue 28 compiled with ``precompile.compile`` as their users do (:mod:`tools.lib_cases`):
+"""The library families of issue 28 compiled with ``precompile.compile`` as their users do (:mod:`tools.cases.libs`):
 transformers decoder LMs (forward with a dynamic sequence length, greedy ``generate`` with a static and with the
 default dynamic cache), encoders with attention masks, an encoder-decoder's ``generate``, and diffusers denoisers
 with a scheduler loop.  Per group, a cold fresh process builds and a warm fresh process (empty Inductor cache,
@@ -16,7 +16,7 @@ from _libs import assert_equal_to_eager, assert_outputs_equal, assert_warm_hits,
 pytestmark = pytest.mark.slow  # each group compiles real models in a fresh process: 0.5-1.5 min on 2 cores
 
 #: One cold and one warm process per group.  One generating model per group: models of one library share its
-#: decorators' code, so their Dynamo entries meet on one code object (see tools/bench_libs.py for the others).
+#: decorators' code, so their Dynamo entries meet on one code object (see tools/bench/libs.py for the others).
 GROUPS: dict[str, list[str]] = {
     "decoder_forward": ["llama_forward", "qwen2_forward", "gpt2_forward", "mistral_forward"],
     "generate_static": ["qwen2_generate_static"],

@@ -1,7 +1,7 @@
 """torchvision and timm classifiers compiled with ``precompile.compile`` (issue 28): a cold and a warm fresh process
 per library, as in ``test_libs.py`` (warm: a hit, no frame traced, the cold process's logits bit for bit).
 
-Needs torchvision and timm, which live in their own venv (``bash tools/install_vision.sh .venv-vision``, then
+Needs torchvision and timm, which live in their own venv (``bash tools/install/vision.sh .venv-vision``, then
 ``PRECOMPILE_REQUIRE_VISION=1 .venv-vision/bin/python -m pytest -q tests/function/test_vision.py``).  Where they
 are not importable every test here is skipped, unless ``PRECOMPILE_REQUIRE_VISION=1``: then they fail.
 """
@@ -14,7 +14,7 @@ import pytest
 from _libs import assert_outputs_equal, assert_warm_hits, run_group
 
 try:
-    from tools.lib_vision import import_torchvision
+    from tools.cases.vision import import_torchvision
 
     import_torchvision()
     import timm  # noqa: F401
@@ -25,7 +25,7 @@ except Exception as err:  # noqa: BLE001 - an install that does not import is "n
 
 if not HAVE_VISION and os.environ.get("PRECOMPILE_REQUIRE_VISION") == "1":
     raise RuntimeError(f"PRECOMPILE_REQUIRE_VISION=1 but {WHY}")
-pytestmark = [pytest.mark.skipif(not HAVE_VISION, reason=WHY + "; see tools/install_vision.sh"), pytest.mark.slow]
+pytestmark = [pytest.mark.skipif(not HAVE_VISION, reason=WHY + "; see tools/install/vision.sh"), pytest.mark.slow]
 
 GROUPS: dict[str, list[str]] = {
     "torchvision": ["tv_resnet18", "tv_vit"],

@@ -54,7 +54,7 @@ def _load(key, url, sets, tmp_path):
 
 @pytest.mark.parametrize("name", CASES)
 def test_a_coverage_graph_loads_without_host_code_where_the_fx_wrapper_expresses_it(name, tmp_path):
-    from tools.coverage_cases import build_case
+    from tools.cases.graphs import build_case
 
     case = build_case(name, "cuda")
     gm, example = case.capture()
@@ -84,7 +84,7 @@ def test_a_coverage_graph_loads_without_host_code_where_the_fx_wrapper_expresses
 
 def test_a_wrapper_graph_naming_a_target_outside_the_allow_list_is_refused_before_anything_runs(tmp_path):
     from cache_backends.registry import open_cache
-    from tools.coverage_cases import build_case
+    from tools.cases.graphs import build_case
 
     gm, example = build_case("static_mlp", "cuda").capture()
     url = f"file://{tmp_path}/cache"

