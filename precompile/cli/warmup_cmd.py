@@ -78,6 +78,8 @@ def warmup(recipes: tuple[str, ...], shapes: str, config_text: str | None, cache
     start = time.perf_counter()
     with progress_bar("warmup", disable=as_json) as progress:
         task = progress.add_task("", total=len(job_list))
+        live = progress.live.is_started and progress.console.is_terminal
+        done = [0]
 
         def on_done(job, got, error):
             if error is not None:
@@ -87,6 +89,13 @@ def warmup(recipes: tuple[str, ...], shapes: str, config_text: str | None, cache
                 rows.extend(r for r in got if r["graph"] != "function")
                 functions.extend(r for r in got if r["graph"] == "function")
             progress.update(task, advance=1, description=f"{job.recipe} {job.shape}")
+            if not live and not as_json:  # no live bar (stderr is not a terminal): a line per job as it ends
+                done[0] += 1
+                graphs = ", ".join(f"{r['graph']} {r['outcome']} {r['seconds']:.1f} s"
+                                   for r in (got or []) if r["graph"] != "function") or "no graphs"
+                click.echo(f"warmup [{done[0]}/{len(job_list)}] {job.recipe} {job.shape}: "
+                           f"{'FAILED' if error is not None else graphs} "
+                           f"({time.perf_counter() - start:.0f} s elapsed)", err=True)
 
         run_jobs(job_list, jobs, on_done, threads=threads)
     wall = time.perf_counter() - start

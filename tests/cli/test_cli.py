@@ -43,6 +43,9 @@ def test_warmup_table_and_progress(warmed):
     url, _ = warmed
     proc = cli("warmup", RECIPE, "--shapes", "1x4", "--cache", url)
     assert "hit/built" in proc.stdout and "1 graphs: 0 built, 1 hits" in proc.stdout
+    # stderr is a pipe here, not a terminal: no live bar, a line per job as it ends instead
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("warmup [")]
+    assert len(lines) == 1 and lines[0].startswith(f"warmup [1/1] {RECIPE} 1x4: ") and " hit " in lines[0]
 
 
 def test_stats_json_counts_hits_misses_builds(warmed):
