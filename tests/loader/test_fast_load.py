@@ -15,7 +15,7 @@ import torch
 from conftest import assert_same_output, run_python
 
 import precompile
-from precompile.inductor import cuda_runtime, runtime
+from precompile.inductor.load import cuda_runtime, runtime
 
 LOAD_AND_RUN = r"""
 import json, sys, time
@@ -114,7 +114,8 @@ import hashlib, json, sys
 import torch
 torch._C._cuda_getCurrentRawStream = getattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 0)
 before = set(sys.modules)
-from precompile.inductor import harvest, runtime
+from precompile.inductor.build import harvest
+from precompile.inductor.load import runtime
 source = open(sys.argv[1]).read()
 kernels = {hashlib.sha256(text.encode()).hexdigest(): name for name, _, text in harvest.TRITON_KERNEL.findall(source)}
 seen = []
@@ -320,7 +321,7 @@ def test_a_buffer_the_graph_never_writes_is_compared_by_layout_only():
     """vLLM's piece before an attention op returns the ``torch.empty`` buffer the op fills: two runs never agree on
     its contents, so the fast path's validation compares its shape, stride and dtype only (it kept a GPU piece on
     the portable path), and still every written output bit for bit."""
-    from precompile.inductor.runs import same_values, unset_outputs
+    from precompile.inductor.build.runs import same_values, unset_outputs
 
     def f(x, w):
         out = torch.empty_like(x)  # vLLM's attention layers make the buffer with torch.empty(...)

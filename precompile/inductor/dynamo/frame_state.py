@@ -39,7 +39,7 @@ import sys
 import types
 from typing import Any
 
-from precompile.inductor import named_guards
+from precompile.inductor.dynamo import named_guards
 
 #: Attribute a reduced plain object's class must not override for the pruned form to rebuild it faithfully.
 _DEFAULT_PICKLING = ("__reduce_ex__", "__reduce__", "__getstate__", "__setstate__", "__getnewargs__",

@@ -21,7 +21,7 @@ Across processes an object's identity is its import name.  For each such guard, 
    (Dynamo's sources).
 
 The guard is kept, re-pointed at :func:`named_id_match`, and the guarded object is pickled as its path and the
-digest of what it was (:mod:`precompile.inductor.object_digest`: a function's code and defaults, a class's
+digest of what it was (:mod:`precompile.inductor.dynamo.object_digest`: a function's code and defaults, a class's
 functions...), so the loading process compares each call's object with the object the path names there, provided
 that object is still what was stored (:func:`resolve`; a function monkeypatched at its import path is not, and its
 guard then fails).  A
@@ -41,7 +41,7 @@ import types
 from collections.abc import Sequence
 from typing import Any
 
-from precompile.inductor import object_digest
+from precompile.inductor.dynamo import object_digest
 
 log = logging.getLogger("precompile")
 
@@ -150,7 +150,7 @@ class Mismatch:
 
 def resolve(path: Path, expected: str | None = None) -> Any:
     """The object ``path`` names in this process; a :class:`Mismatch` when ``expected`` is given and that object's
-    :func:`precompile.inductor.object_digest.digest` is not it.
+    :func:`precompile.inductor.dynamo.object_digest.digest` is not it.
 
     Raises:
         ImportError, AttributeError, KeyError, IndexError, ValueError: the path does not lead to an object here.

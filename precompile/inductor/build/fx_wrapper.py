@@ -95,8 +95,8 @@ def launch_records(kernels: dict[int, Any]) -> dict[int, tuple[dict[str, Any], b
     Raises:
         NotExpressible: a kernel has no compiled config, or the static launcher cannot launch it.
     """
-    from precompile.inductor.cuda_pack import NotFast, _static_from_compiled
-    from precompile.inductor.cuda_runtime import LAUNCH_FORMAT
+    from precompile.inductor.build.cuda_pack import NotFast, _static_from_compiled
+    from precompile.inductor.load.cuda_runtime import LAUNCH_FORMAT
 
     out = {}
     for idx, tuner in kernels.items():
@@ -149,7 +149,7 @@ def build_wrapper_graph(gm: torch.fx.GraphModule, compile_inputs: list[Any], run
     the artifact keeps the Python wrapper.
 
     The graph is compiled again with Inductor's FX wrapper, stored as data, loaded
-    exactly as a worker would load it (:func:`precompile.inductor.graph_engine.load_graph`) and run on copies of
+    exactly as a worker would load it (:func:`precompile.inductor.load.graph_engine.load_graph`) and run on copies of
     ``run_inputs``; its outputs and the inputs it writes to must equal ``reference``'s (the fresh compile whose
     artifact this is) bit for bit.
 
@@ -163,14 +163,15 @@ def build_wrapper_graph(gm: torch.fx.GraphModule, compile_inputs: list[Any], run
             first compiled config: where that is not the reference's pick, the bit-equality check keeps the
             Python wrapper.
         tuned: the reference compile's GEMM/convolution benchmark records (:attr:`BuildResult.tuned`), replayed
-            so that each tuned op takes the reference's pick (:func:`precompile.inductor.picks.replaying`).
-        unset: outputs the graph never writes (:func:`precompile.inductor.runs.unset_outputs`): layout only.
+            so that each tuned op takes the reference's pick (:func:`precompile.inductor.build.picks.replaying`).
+        unset: outputs the graph never writes (:func:`precompile.inductor.build.runs.unset_outputs`): layout only.
     """
     from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
 
-    from precompile.inductor import graph_engine, picks, runs
-    from precompile.inductor.compile import _build_cache_dir
-    from precompile.inductor.cuda_runtime import pack_launch
+    from precompile.inductor.build import picks, runs
+    from precompile.inductor.build.compile import _build_cache_dir
+    from precompile.inductor.load import graph_engine
+    from precompile.inductor.load.cuda_runtime import pack_launch
 
     try:
         with _build_cache_dir(cache_dir), picks.replaying(tuned or []):

@@ -1,7 +1,7 @@
 """The fast path's Triton side at load: picked cubins launched by torch's static CUDA launcher, multi-kernels.
 
 Nothing here imports Triton, Inductor or sympy, and nothing is compiled or loaded host-side: a kernel's
-``<name>.launch`` blob (:func:`pack_launch`, written at build by :mod:`precompile.inductor.cuda_pack`) is data, a
+``<name>.launch`` blob (:func:`pack_launch`, written at build by :mod:`precompile.inductor.build.cuda_pack`) is data, a
 length-prefixed launch record (JSON) followed by the picked cubin; the cubin goes to the CUDA driver, and the record
 becomes a small ``run(*params, stream)`` function that computes the grid of the picked config for each call's
 sizes, as Inductor's generated launcher does.
@@ -30,7 +30,7 @@ import torch
 from cache_backends.bounded import loads_json
 from precompile.artifact.names import ascii_identifier
 from precompile.inductor import shim
-from precompile.inductor.memfd import memfd
+from precompile.inductor.load.memfd import memfd
 
 #: Version of the ``.launch`` blob layout and its record.
 LAUNCH_FORMAT = 2
