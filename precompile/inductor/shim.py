@@ -1,11 +1,13 @@
-"""The version shim: every access to a private Inductor, AOTAutograd, ShapeEnv or launcher API, one function each.
+"""The version shim: every access to a private Inductor, AOTAutograd, ShapeEnv, launcher or dispatch API, one
+function each (what ``precompile.inductor.dynamo`` patches in Dynamo is its own: README.md in this package).
 
 precompile supports torch 2.11 (the GPU machine) through 2.13 (CI).  Where those versions differ, the difference
 is handled here and nowhere else; the rest of ``precompile.inductor`` calls these functions.  A torch upgrade
 starts by running the test suite and fixing what breaks in this file (see README.md in this package).
 
 Functions that the load path uses (:func:`static_cuda_launcher`, :func:`launcher_function_handle`,
-:func:`set_pyobject_tensor_data_ptr`) import nothing from ``torch._inductor``: a fast load must not.
+:func:`current_raw_stream`, :func:`set_pyobject_tensor_data_ptr`, :func:`tensor_guards_class`,
+:func:`dispatch_mode_class`) import nothing from ``torch._inductor`` or ``torch._dynamo``: a fast load must not.
 """
 
 from __future__ import annotations
@@ -242,10 +244,96 @@ def static_launch_description(binary: Any) -> Any:
     return StaticallyLaunchedCudaKernel(binary)
 
 
+def fx_wrapper_classes() -> tuple[type, type]:
+    """``(WrapperFxCodegen, FxConverter)`` of Inductor's FX wrapper (``torch._inductor.codegen.wrapper_fxir``): the
+    codegen whose ``compile_graph`` receives the wrapper graph, and the converter whose ``generate`` makes it.
+
+    Raises:
+        ImportError: this torch has no FX wrapper.
+    """
+    from torch._inductor.codegen import wrapper_fxir
+
+    return wrapper_fxir.WrapperFxCodegen, wrapper_fxir.FxConverter
+
+
+def compile_fx_wrapper(gm: torch.fx.GraphModule, example_inputs: list[Any], options: dict[str, Any]) -> Any:
+    """Inductor's ``compile_fx`` of ``gm`` under config ``options`` with its FX wrapper on (``fx_wrapper``), and
+    neither the FX graph cache nor AOTAutograd's (an entry of another compile must not stand in for this one)."""
+    from torch._functorch import config as functorch_config
+    from torch._inductor import config
+    from torch._inductor.compile_fx import compile_fx
+
+    with config.patch({**options, "fx_wrapper": True, "fx_graph_cache": False}), \
+            functorch_config.patch(enable_autograd_cache=False):
+        return compile_fx(gm, example_inputs)
+
+
+def triton_side_table_constants(constant_args_idx: int) -> Any:
+    """The constant arguments a Triton launch node keeps in torch's kernel side table, by its index."""
+    from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
+
+    return kernel_side_table.get_constant_args(constant_args_idx)
+
+
+# ----------------------------------------------------------------------------------- autotune (build side)
+def autotune_selector() -> Any:
+    """Inductor's process-wide ``AlgorithmSelectorCache``, whose ``feedback_saver_fns`` it calls with the timings
+    after each benchmark of a tunable op's candidates; None where this torch has no Inductor or no feedback savers."""
+    try:
+        from torch._inductor import select_algorithm
+    except ImportError:  # pragma: no cover - a torch without Inductor
+        return None
+    get = getattr(select_algorithm, "get_algorithm_selector_cache", None)
+    selector = get() if get is not None else None
+    return selector if hasattr(selector, "feedback_saver_fns") else None
+
+
+def autotune_selector_class() -> type | None:
+    """Inductor's ``AlgorithmSelectorCache`` class (its ``lookup`` returns a tuned op's benchmark times), or None."""
+    try:
+        from torch._inductor import select_algorithm
+    except ImportError:  # pragma: no cover - a torch without Inductor
+        return None
+    return getattr(select_algorithm, "AlgorithmSelectorCache", None)
+
+
+def multi_template_buffer_class() -> type | None:
+    """Inductor's ``ir.MultiTemplateBuffer`` (a tuned op's node until benchmark fusion picks a template), or None."""
+    try:
+        from torch._inductor import ir
+    except ImportError:  # pragma: no cover - a torch without Inductor
+        return None
+    return getattr(ir, "MultiTemplateBuffer", None)
+
+
 # ------------------------------------------------------------------------------------------- load side
 def static_cuda_launcher() -> Any:
     """torch's static CUDA launcher (``_load_kernel``, ``_launch_kernel``): what Inductor launches cubins with."""
     return torch._C._StaticCudaLauncher
+
+
+def current_raw_stream() -> Any:
+    """``torch._C._cuda_getCurrentRawStream``: ``(device index) -> that device's current CUDA stream`` (an int),
+    the stream Inductor's wrappers launch on."""
+    return torch._C._cuda_getCurrentRawStream
+
+
+def tensor_guards_class() -> type | None:
+    """Dynamo's C++ ``TensorGuards`` (``torch._C._dynamo.guards``, built into torch's C extension: no Python module
+    of Dynamo is imported), or None where this torch lacks it."""
+    try:
+        from torch._C._dynamo.guards import TensorGuards
+    except ImportError:
+        return None
+    return TensorGuards
+
+
+def dispatch_mode_class() -> type:
+    """torch's ``TorchDispatchMode`` (``torch.utils._python_dispatch``, loaded by ``import torch``): the base of a
+    mode that sees every ATen call made under it."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    return TorchDispatchMode
 
 
 def launcher_function_handle(handles: tuple[Any, ...]) -> Any:
