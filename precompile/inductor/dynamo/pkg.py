@@ -9,9 +9,9 @@ entry beside the old ones.
 
 This module, with :mod:`~precompile.inductor.dynamo.record` (the package class and Dynamo's patched recording),
 :mod:`~precompile.inductor.dynamo.frame_state`, :mod:`~precompile.inductor.dynamo.named_guards` (what the guard
-state holds) and :mod:`~precompile.inductor.dynamo.check` (the check before storing), is where precompile touches that machinery:
-:func:`optimize` traces under a package, :func:`dump`/:func:`restore` turn its record into bytes and back,
-:func:`install` puts a restored record into this process.  The record is a pickle, as torch writes it; callers
+state holds) and :mod:`~precompile.inductor.dynamo.check` (the check before storing), is where precompile touches
+that machinery: :func:`optimize` traces under a package, :func:`dump`/:func:`restore` turn its record into bytes and
+back, :func:`install` puts a restored record into this process.  The record is a pickle, as torch writes it; callers
 must verify its digest and signature before :func:`restore` (precompile.function.store does).
 """
 

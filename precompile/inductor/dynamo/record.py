@@ -43,8 +43,8 @@ def _package_class() -> type:
         bypassed, the reason kept in :attr:`refusals`) instead of failing the user's call: code it cannot name
         (made by ``exec``, such as a dataclass's ``__init__``, has no module to find it in), guards that cannot be
         stored (:mod:`precompile.inductor.dynamo.named_guards`), or a guard state that does not pickle.  The
-        function still runs as ``torch.compile`` would; :func:`dump` stores the other frames, or refuses the record when the
-        function's own frame is the one left out."""
+        function still runs as ``torch.compile`` would; :func:`dump` stores the other frames, or refuses the record
+        when the function's own frame is the one left out."""
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             self.refusals: dict[int, list[str]] = {}  # id(code entry) -> why it is left out of the record
@@ -120,7 +120,8 @@ def patch_dynamo() -> None:
       (:func:`precompile.inductor.dynamo.frame_state.install_global_by_id`), so a fresh process has it;
     - each frame Dynamo traces is counted (:func:`frames_traced`);
     - a frame with a guard no other process could check
-      (:func:`precompile.inductor.dynamo.named_guards.refusals`), and one whose state still does not pickle, is left out of the record instead of failing the user's call.
+      (:func:`precompile.inductor.dynamo.named_guards.refusals`), and one whose state still does not pickle, is
+      left out of the record instead of failing the user's call.
       In torch 2.11-2.13 ``pickle.PicklingError`` and ``TypeError`` escape, and the ``PackageError`` torch makes of
       an ``AttributeError`` leads to its own "guards_state must not be None" assertion; here such a failure hands
       Dynamo :data:`UNPICKLABLE_GUARDS`, which the package takes as a bypass of the frame.

@@ -1,9 +1,10 @@
 """The no-host-code engine: a GPU artifact's wrapper graph (data) run with its Triton kernels' cubins (data).
 
-A load builds the callable from the stored wrapper graph (:mod:`precompile.artifact.wrapper.graph`: checked against the
-allow-list; :mod:`precompile.artifact.wrapper.codegen`: code generated from it) and the kernels' ``.launch`` blobs
-(:mod:`precompile.inductor.load.cuda_runtime`: records checked, cubins to the CUDA driver).  Nothing the artifact
-carries is executed, imported or dlopen'd host-side.  Like the fast path it imports neither Inductor, Dynamo, Triton nor sympy.
+A load builds the callable from the stored wrapper graph (:mod:`precompile.artifact.wrapper.graph`: checked against
+the allow-list; :mod:`precompile.artifact.wrapper.codegen`: code generated from it) and the kernels' ``.launch``
+blobs (:mod:`precompile.inductor.load.cuda_runtime`: records checked, cubins to the CUDA driver).  Nothing the
+artifact carries is executed, imported or dlopen'd host-side.  Like the fast path it imports neither Inductor,
+Dynamo, Triton nor sympy.
 """
 
 from __future__ import annotations
