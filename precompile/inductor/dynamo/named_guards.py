@@ -45,6 +45,12 @@ from precompile.inductor.dynamo import object_digest
 
 log = logging.getLogger("precompile")
 
+#: This module's name before precompile.inductor was split into wings (2026-11-27): the guard-state pickles of
+#: function artifacts stored before then name :func:`resolve` and :func:`named_id_match` by it, and find them under
+#: it once it is imported (as :mod:`precompile.inductor.dynamo.pkg` does before it installs a record).
+FORMER_NAME = "precompile.inductor.named_guards"
+sys.modules.setdefault(FORMER_NAME, sys.modules[__name__])
+
 #: Guards that check an object's identity (``CLOSURE_MATCH`` on a Python function: its code's identity).
 IDENTITY = frozenset({"ID_MATCH", "FUNCTION_MATCH", "CLASS_MATCH", "MODULE_MATCH", "CLOSURE_MATCH"})
 #: Identity guards torch stores itself: a builtin is pickled by name, and its guard rebuilt on the loading

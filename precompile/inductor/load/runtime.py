@@ -171,13 +171,19 @@ def rewrite_wrapper(source: str) -> str | None:
     return "".join(lines)
 
 
+#: ``{former module name: its module now}`` for the stand-ins fast plans name: an artifact built before
+#: precompile.inductor was split into wings (2026-11-27) names ``precompile.inductor.externs:bias_addmm``.
+FORMER_NAMES = {"precompile.inductor.externs": "precompile.inductor.load.externs"}
+
+
 def resolve(ref: str) -> Any:
-    """The object named ``"module:qualname"``.
+    """The object named ``"module:qualname"`` (a module of :data:`FORMER_NAMES` by its name now).
 
     Raises:
         ImportError / AttributeError: it does not exist here.
     """
     module, _, qual = ref.partition(":")
+    module = FORMER_NAMES.get(module, module)
     obj: Any = importlib.import_module(module)
     for part in qual.split("."):
         obj = getattr(obj, part)
