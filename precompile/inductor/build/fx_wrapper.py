@@ -65,9 +65,10 @@ def wrapper_graph(gm: torch.fx.GraphModule, example_inputs: list[Any],
         codegen.compile_graph = capture
         converter.generate = capture_converter
         try:
-            # no FX graph or AOTAutograd cache: an entry of the Python wrapper's compile must not stand in for
-            # this one (the autotune picks in the cache dir are what it may reuse)
-            with torch.no_grad():  # compile_fx rewrites the graph it gets: a copy
+            # with no FX graph or AOTAutograd cache: an entry of the Python wrapper's compile must not stand in
+            # for this one (the autotune picks in the cache dir are what it may reuse); compile_fx rewrites the
+            # graph it gets: a copy
+            with torch.no_grad():
                 compiled = shim.compile_fx_wrapper(copy.deepcopy(gm), example_inputs, options or {})
         except Exception as err:  # noqa: BLE001 - any converter failure means "not expressible", with its reason
             cause = err.__cause__ or err
