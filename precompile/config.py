@@ -11,7 +11,7 @@ temporary directory by setting the environment before the call.
 | ``PRECOMPILE_LOG`` | log level of the ``precompile`` logger (``INFO``, ``DEBUG``...) | unset: inherit |
 | ``PRECOMPILE_ENGINE`` | ``auto`` (fast path where the artifact offers one) or ``portable`` (always rebuild through Inductor's cache entries) | ``auto`` |
 | ``PRECOMPILE_VLLM_PLATFORM`` | ``0`` (or false/no/off) keeps precompile's vLLM platform plugin inactive, ``1`` (or true/yes/on) lets it take part (see ``precompile.integrations.vllm.platform``) | ``1`` |
-| ``PRECOMPILE_PRIME`` | whether a fast load replays the graph's library calls (cuBLAS, cuDNN, attention) in background threads, started once the manifest is verified, that the first call waits for (see ``precompile.inductor.prime``): ``off``, ``on`` (GPU graphs) or ``all`` (CPU graphs too) | ``on`` |
+| ``PRECOMPILE_PRIME`` | whether a fast load replays the graph's library calls (cuBLAS, cuDNN, attention) in background threads, started once the manifest is verified, that the first call waits for (see ``precompile.inductor.load.prime``): ``off``, ``on`` (GPU graphs) or ``all`` (CPU graphs too) | ``on`` |
 | ``PRECOMPILE_REWRITES`` | ``on``: choices for a short first call, made before the key: exact graph rewrites (``precompile.key.passes``: a GPU matmul with an inner dimension of 1 becomes a multiply, so that a first call loads no cuBLAS kernel for it) and, for CUDA graphs, flash and memory-efficient attention ahead of cuDNN's (``precompile.key.sdpa``: no per-process cuDNN plan build); ``off`` compiles the graph as given under torch's own choices, for bits equal to torch's own compile of it | ``on`` |
 | ``PRECOMPILE_EXPLAIN`` | ``1``: on a miss, ``standalone_compile`` logs the closest stored artifact and the factors that differ (reads every stored manifest: for debugging) | ``0`` |
 | ``PRECOMPILE_SIGNING_KEY`` | builders: path of the Ed25519 private key (PEM) every stored or saved manifest is signed with; its public key is trusted too | unset: nothing signed (set but blank: an error) |
@@ -241,7 +241,7 @@ def verify_keys_text() -> str | None:
 def prime_mode() -> str:
     """``"off"``, ``"on"`` (the default: GPU graphs are primed; measured to shorten a GPU load + first call, see
     docs/benchmarks.md) or ``"all"`` (CPU graphs too), from ``PRECOMPILE_PRIME`` (see
-    :mod:`precompile.inductor.prime`).
+    :mod:`precompile.inductor.load.prime`).
 
     Raises:
         ConfigError: the variable holds another value.

@@ -53,6 +53,16 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 EXACT = frozenset({"precompile", "precompile.__main__"})
 #: ``(package, module)``: a package's module-level ``__getattr__`` imports ``module`` to hand out a public name.
 LAZY_API = frozenset({("cache_backends", "cache_backends.registry")})
+#: The wings of ``precompile.inductor`` (its README), split by when their code runs, and the wings each may import;
+#: ``""`` is its root (the shim and what every side uses).  Nothing on the load side imports the build side, so a
+#: fast load imports none of it (tests/loader/test_fast_load.py checks that in a fresh process).
+INDUCTOR = "precompile.inductor"
+WINGS: dict[str, frozenset[str]] = {
+    "": frozenset({""}),
+    "load": frozenset({"", "load"}),
+    "build": frozenset({"", "build", "load"}),
+    "dynamo": frozenset({"", "dynamo"}),
+}
 
 
 def modules(repo: Path = REPO, roots: tuple[str, ...] = ROOTS) -> dict[str, Path]:
@@ -226,6 +236,30 @@ def climbs(graph: dict[str, set[str]]) -> list[str]:
             for a, targets in sorted(graph.items()) for b in sorted(targets) if layer(b) > layer(a)]
 
 
+def wing(module: str) -> str | None:
+    """The wing of :data:`INDUCTOR` that ``module`` is in (``""``: its root), or None for a module outside it."""
+    if module != INDUCTOR and not module.startswith(INDUCTOR + "."):
+        return None
+    inner = module[len(INDUCTOR) + 1:].split(".") if module != INDUCTOR else []
+    return inner[0] if len(inner) > 1 or (inner and inner[0] in WINGS) else ""
+
+
+def wing_crossings(graph: dict[str, set[str]]) -> list[str]:
+    """Each import, in words, of one wing of :data:`INDUCTOR` by another that :data:`WINGS` does not allow, and each
+    of its modules in a wing :data:`WINGS` does not name."""
+    found = []
+    for a, targets in sorted(graph.items()):
+        here = wing(a)
+        if here is None:
+            continue
+        if here not in WINGS:
+            found.append(f"{a} is in {INDUCTOR}.{here}, which tests/test_layout.py's WINGS does not name")
+            continue
+        found += [f"{a} ({here or 'root'}) imports {b} ({there or 'root'})" for b in sorted(targets)
+                  if (there := wing(b)) is not None and there not in WINGS[here]]
+    return found
+
+
 def test_no_import_circles() -> None:
     found = circles(import_graph())
     assert not found, "import circles: " + "; ".join(" <-> ".join(c) for c in found)
@@ -275,37 +309,43 @@ def test_the_root_keeps_the_api_and_at_most_eight_modules() -> None:
     assert {"__init__.py", "config.py", "errors.py"} <= set(root)
 
 
-def test_tools_import_without_circles_and_nothing_imports_them() -> None:
-    found = circles(import_graph(roots=("tools",)))
-    assert not found, "import circles in tools/: " + "; ".join(" <-> ".join(c) for c in found)
-    graph = import_graph(parents=False, roots=(*ROOTS, "tools"))
-    into = [f"{a} imports {b}" for a, targets in sorted(graph.items()) if a.split(".")[0] in ROOTS
-            for b in sorted(targets) if b.split(".")[0] == "tools"]
-    assert not into, "the packages import tools/: " + "; ".join(into)
+def test_inductor_keeps_at_most_eight_modules_at_its_top_and_its_wings_in_folders() -> None:
+    top = REPO / "precompile" / "inductor"
+    modules_at_top = sorted(p.name for p in top.glob("*.py"))
+    assert len(modules_at_top) <= 8, modules_at_top
+    assert {"__init__.py", "shim.py"} <= set(modules_at_top)
+    folders = {d.name for d in top.iterdir() if (d / "__init__.py").exists()}
+    assert folders == set(WINGS) - {""}, f"packages of {INDUCTOR} against the WINGS of tests/test_layout.py"
 
 
-def test_tools_keep_their_wings_and_at_most_six_entries() -> None:
-    """Besides its wings, ``tools/`` holds the main job (the README's first command runs it by this path), its
-    package file and a few more: at most six entries, none of them a folder."""
-    entries = sorted(p.name for p in (REPO / "tools").iterdir() if p.name not in TOOL_WINGS | {"__pycache__"})
-    assert len(entries) <= 6, f"tools/ holds more than six entries besides its wings: {entries}"
-    assert {"__init__.py", "main_job.py"} <= set(entries), entries
-    folders = [e for e in entries if (REPO / "tools" / e).is_dir()]
-    assert not folders, f"folders of tools/ that are no wing of TOOL_WINGS: {folders}"
+def test_inductor_wings_import_one_way() -> None:
+    """The load side imports only itself and the root, never the build side: a fast load stays free of it."""
+    found = wing_crossings(import_graph(parents=False))
+    assert not found, f"imports across the wings of {INDUCTOR} (its README):\n" + "\n".join(found)
 
 
-def test_the_tools_check_sees_a_circle_a_lazy_import_breaks(tmp_path: Path) -> None:
-    """Two case modules that import each other, one of them inside a function (which runs after both are
-    loaded, and so "breaks" the circle at import time): still a circle."""
+def test_the_wing_check_sees_a_load_module_import_the_build_side(tmp_path: Path) -> None:
+    """Not vacuous: in a planted tree, a lazy import of the build side from the load side and a root module
+    importing a wing are found, the build side importing the load side is not, and a module in a folder no wing
+    names is in none."""
     for name, text in {
-        "tools/__init__.py": "",
-        "tools/cases/__init__.py": "",
-        "tools/cases/libs.py": "from tools.cases.vision import MAKERS\n",
-        "tools/cases/vision.py": "def make():\n    from tools.cases.libs import Setup\n",
+        "precompile/__init__.py": "",
+        "precompile/inductor/__init__.py": "",
+        "precompile/inductor/shim.py": "from precompile.inductor.load import runtime\n",
+        "precompile/inductor/load/__init__.py": "",
+        "precompile/inductor/load/runtime.py": "def f():\n    from precompile.inductor.build.runs import same\n",
+        "precompile/inductor/build/__init__.py": "",
+        "precompile/inductor/build/runs.py": "from precompile.inductor.load import runtime\n",
+        "precompile/inductor/extra/__init__.py": "",
+        "precompile/inductor/extra/thing.py": "",
     }.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
-    assert circles(import_graph(repo=tmp_path, roots=("tools",))) == [["tools.cases.libs", "tools.cases.vision"]]
+    assert wing_crossings(import_graph(parents=False, repo=tmp_path)) == [
+        "precompile.inductor.extra.thing is in precompile.inductor.extra, which tests/test_layout.py's WINGS does "
+        "not name",
+        "precompile.inductor.load.runtime (load) imports precompile.inductor.build.runs (build)",
+        "precompile.inductor.shim (root) imports precompile.inductor.load.runtime (load)"]
 
 
 def test_the_checks_see_a_climb_and_a_circle(tmp_path: Path) -> None:

@@ -94,7 +94,7 @@ class Manifest(ManifestJSON):
         kernels: per kernel: name, lang, source digest, binaries ``{file: digest}``, relpaths, config.
         autotune: autotune picks: ``{"kernels": {name: config}, "other": {best_config file: config},
             "multi_kernel": {name: index}, "tuned": [record per GEMM/convolution op max_autotune benchmarked:
-            candidates with kind, config and ms, and the chosen one (precompile.inductor.picks)],
+            candidates with kind, config and ms, and the chosen one (precompile.inductor.build.picks)],
             "benchmark_leftovers": count of configs of benchmark-only kernels, not stored}``.
         alignment: per input: whether it was 16-byte aligned at build, and whether Inductor assumed so.
         env: the full environment fingerprint (key fields and recorded-only fields).

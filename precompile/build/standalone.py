@@ -169,10 +169,10 @@ def build(norm: NormalizedGraph, plan: Plan) -> Artifact:
         BuildError: Inductor failed or produced nothing that can be stored, or the size guards of a symbolic
             graph cannot be written down (then nothing could check its calls).
     """
-    from precompile.inductor import compile as inductor_compile
+    from precompile.inductor.build import compile as inductor_compile
     from precompile.inductor import shim
-    from precompile.inductor.fast_plan import fast_plan
-    from precompile.inductor.products import NotSaveableError
+    from precompile.inductor.build.fast_plan import fast_plan
+    from precompile.inductor.build.products import NotSaveableError
 
     log.info("compiling %s (%d placeholders)", plan.key[:12], len(plan.specs))
     try:
@@ -227,7 +227,7 @@ def build(norm: NormalizedGraph, plan: Plan) -> Artifact:
                           "at_run_time": ("checked; copied if misaligned" + (
                               ", and the graph's writes copied back" if i in result.mutated_inputs else ""))
                           if assumed else "no assumption"})
-    from precompile.inductor.runs import unset_outputs
+    from precompile.inductor.build.runs import unset_outputs
 
     unset = unset_outputs(norm.gm)
     fast, fast_off = fast_plan(result, plan.run_inputs if plan.runnable else None, more_inputs,
@@ -258,7 +258,7 @@ def build(norm: NormalizedGraph, plan: Plan) -> Artifact:
 def _wrapper_graph(norm: NormalizedGraph, plan: Plan, result: Any, shapes: dict[str, Any], put: Any,
                    no_fast: str | None, unset: frozenset[int] = frozenset()) -> tuple[dict[str, Any] | None, str | None]:
     """``(parts.wrapper_graph, build.host_code)``: a CUDA graph's wrapper as data with its kernels' launch blobs,
-    validated (:func:`precompile.inductor.fx_wrapper.build_wrapper_graph`), and None; or None and why the
+    validated (:func:`precompile.inductor.build.fx_wrapper.build_wrapper_graph`), and None; or None and why the
     artifact needs host code (the Python wrapper) to run.  Tried only where the fast path is offered (an
     inference graph, validated): ``no_fast`` is why it is not, else None."""
     if not any(str(d).startswith("cuda") for d in plan.devices):
@@ -269,7 +269,7 @@ def _wrapper_graph(norm: NormalizedGraph, plan: Plan, result: Any, shapes: dict[
         return None, "symbolic sizes: Inductor's FX wrapper does not express them (torch 2.11)"
     if not plan.runnable:
         return None, "its inputs cannot be run at build, so a wrapper graph could not be validated"
-    from precompile.inductor.fx_wrapper import build_wrapper_graph
+    from precompile.inductor.build.fx_wrapper import build_wrapper_graph
 
     with sdpa.priority(plan.sdpa_order):  # the attention backend the artifact's own compile used
         got = build_wrapper_graph(norm.gm, plan.compile_inputs, plan.run_inputs, plan.options, result.compiled_fn,

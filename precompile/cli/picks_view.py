@@ -1,5 +1,5 @@
 """``precompile inspect``'s table of GEMM and convolution picks: each op ``max_autotune`` tuned, the choice it
-took and what every candidate measured (records of :mod:`precompile.inductor.picks`, read from the manifest)."""
+took and what every candidate measured (records of :mod:`precompile.inductor.build.picks`, read from the manifest)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """``precompile inspect --wrapper``: a GPU artifact's wrapper stored as data, as readable code, and its kernel
-table (launch records of :mod:`precompile.inductor.cuda_runtime`)."""
+table (launch records of :mod:`precompile.inductor.load.cuda_runtime`)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def show_wrapper_graph(source: Any, m: dict[str, Any]) -> None:
 
     from cache_backends.bounded import loads_json
     from precompile.artifact.wrapper.text import describe
-    from precompile.inductor.cuda_runtime import read_launch
+    from precompile.inductor.load.cuda_runtime import read_launch
 
     con = console()
     part = (m.get("parts") or {}).get("wrapper_graph")

@@ -1,11 +1,13 @@
-"""The version shim: every access to a private Inductor, AOTAutograd, ShapeEnv or launcher API, one function each.
+"""The version shim: every access to a private Inductor, AOTAutograd, ShapeEnv, launcher or dispatch API, one
+function each (what ``precompile.inductor.dynamo`` patches in Dynamo is its own: README.md in this package).
 
 precompile supports torch 2.11 (the GPU machine) through 2.13 (CI).  Where those versions differ, the difference
 is handled here and nowhere else; the rest of ``precompile.inductor`` calls these functions.  A torch upgrade
 starts by running the test suite and fixing what breaks in this file (see README.md in this package).
 
 Functions that the load path uses (:func:`static_cuda_launcher`, :func:`launcher_function_handle`,
-:func:`set_pyobject_tensor_data_ptr`) import nothing from ``torch._inductor``: a fast load must not.
+:func:`current_raw_stream`, :func:`set_pyobject_tensor_data_ptr`, :func:`tensor_guards_class`,
+:func:`dispatch_mode_class`) import nothing from ``torch._inductor`` or ``torch._dynamo``: a fast load must not.
 """
 
 from __future__ import annotations
@@ -42,95 +44,17 @@ def config_entries() -> dict[str, Any]:
 
 def effective_config(patches: dict[str, Any]) -> dict[str, Any]:
     """Inductor's effective config with ``patches`` applied, as Inductor's own FX graph cache key sees it
-    (``save_config_portable``: options that only name paths, thread pools or logging are left out).
-
-    Computing it walks every option (~17 ms); a process keying many graphs under one configuration (vLLM's pieces:
-    two calls each) computes it once per state of the config (:func:`_config_state`: every option the caller
-    set, by value, and ``patches``), kept for the last :data:`_EFFECTIVE_MEMO_SIZE` states.  Where this torch's
-    config module lacks what the state is read from, nothing is remembered.
-    """
+    (``save_config_portable``: options that only name paths, thread pools or logging are left out), remembered per
+    state of the config (:mod:`precompile.inductor.config_state`)."""
     from torch._inductor import config
 
-    state = _config_state(config, patches)
-    found = _effective_memo.get(state) if state is not None else None
-    if found is not None:
-        return dict(found[0])
-    with config.patch(patches):
-        out = config.save_config_portable()
-    if state is not None:
-        if len(_effective_memo) >= _EFFECTIVE_MEMO_SIZE:
-            _effective_memo.clear()
-        _effective_memo[state] = (dict(out), state)
-    return out
+    from precompile.inductor import config_state
 
+    def compute() -> dict[str, Any]:
+        with config.patch(patches):
+            return config.save_config_portable()
 
-#: States of Inductor's config remembered by :func:`effective_config`.
-_EFFECTIVE_MEMO_SIZE = 32
-#: ``{config state: (effective config, the state itself, which holds the objects named by id alive)}``.
-_effective_memo: dict[tuple[Any, ...], tuple[dict[str, Any], tuple[Any, ...]]] = {}
-
-
-def _config_state(config: Any, patches: dict[str, Any]) -> tuple[Any, ...] | None:
-    """What decides ``save_config_portable()`` besides the defaults and the environment (both read once, when torch
-    imports the config module): each option the caller set (its ``user_override``; an alias by the value it
-    reads) and ``patches``, values by value (lists, dicts and sets included, which may be changed in place) and
-    other objects by identity.  None where the config module is not the one this reads (``_config`` entries with
-    ``user_override``), or a value cannot be frozen."""
-    from torch.utils import _config_module as cm
-
-    unset = getattr(cm, "_UNSET_SENTINEL", None)
-    entries = getattr(config, "_config", None)
-    if unset is None or not isinstance(entries, dict):
-        return None
-    try:
-        state: list[Any] = []
-        for name, entry in entries.items():
-            if getattr(entry, "alias", None):
-                state.append((name, _frozen(getattr(config, name))))
-                continue
-            override = entry.user_override
-            value = override.get() if hasattr(override, "get") and not isinstance(override, dict) else override
-            if value is not unset:
-                state.append((name, _frozen(value)))
-        state.append(("<patches>", _frozen(patches)))
-        return tuple(state)
-    except (TypeError, AttributeError, RecursionError):
-        return None
-
-
-def _frozen(value: Any, depth: int = 0) -> Any:
-    """A hashable stand-in for ``value``: plain values and containers by value, anything else by identity (the
-    object itself is kept with the state, so its id is not reused while the state is remembered).
-
-    Raises:
-        TypeError: a container nested deeper than 8 levels.
-    """
-    if value is None or isinstance(value, (bool, int, float, str, bytes)):
-        return (type(value).__name__, value)
-    if depth > 8:
-        raise TypeError("config value nested too deep to remember")
-    if isinstance(value, (list, tuple)):
-        return (type(value).__name__, tuple(_frozen(v, depth + 1) for v in value))
-    if isinstance(value, (set, frozenset)):
-        return ("set", frozenset(_frozen(v, depth + 1) for v in value))
-    if isinstance(value, dict):
-        return ("dict", tuple(sorted(((repr(k), _frozen(v, depth + 1)) for k, v in value.items()), key=lambda kv: kv[0])))
-    return ("id", id(value), _Held(value))
-
-
-class _Held:
-    """An object held by a remembered config state, equal to any other holder (the state compares it by id)."""
-
-    __slots__ = ("value",)
-
-    def __init__(self, value: Any) -> None:
-        self.value = value
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, _Held)
-
-    def __hash__(self) -> int:
-        return 0
+    return config_state.remembered(config, patches, compute)
 
 
 # ----------------------------------------------------------------------------------------------- compile
@@ -198,13 +122,6 @@ def standalone_compile(gm: torch.fx.GraphModule, example_inputs: list[Any], dyna
         return art._compiled_fn, None, []
     payload, cache_info = artifacts
     return art._compiled_fn, payload, list(cache_info.aot_autograd_artifacts)
-
-
-def cache_dir() -> str:
-    """Inductor's cache directory (``TORCHINDUCTOR_CACHE_DIR`` or its default)."""
-    from torch._inductor.runtime.cache_dir_utils import cache_dir as inductor_cache_dir
-
-    return inductor_cache_dir()
 
 
 def load_cache_entries(aot_key: str, cache_bytes: bytes) -> Any:
@@ -326,10 +243,96 @@ def static_launch_description(binary: Any) -> Any:
     return StaticallyLaunchedCudaKernel(binary)
 
 
+def fx_wrapper_classes() -> tuple[type, type]:
+    """``(WrapperFxCodegen, FxConverter)`` of Inductor's FX wrapper (``torch._inductor.codegen.wrapper_fxir``): the
+    codegen whose ``compile_graph`` receives the wrapper graph, and the converter whose ``generate`` makes it.
+
+    Raises:
+        ImportError: this torch has no FX wrapper.
+    """
+    from torch._inductor.codegen import wrapper_fxir
+
+    return wrapper_fxir.WrapperFxCodegen, wrapper_fxir.FxConverter
+
+
+def compile_fx_wrapper(gm: torch.fx.GraphModule, example_inputs: list[Any], options: dict[str, Any]) -> Any:
+    """Inductor's ``compile_fx`` of ``gm`` under config ``options`` with its FX wrapper on (``fx_wrapper``), and
+    neither the FX graph cache nor AOTAutograd's (an entry of another compile must not stand in for this one)."""
+    from torch._functorch import config as functorch_config
+    from torch._inductor import config
+    from torch._inductor.compile_fx import compile_fx
+
+    with config.patch({**options, "fx_wrapper": True, "fx_graph_cache": False}), \
+            functorch_config.patch(enable_autograd_cache=False):
+        return compile_fx(gm, example_inputs)
+
+
+def triton_side_table_constants(constant_args_idx: int) -> Any:
+    """The constant arguments a Triton launch node keeps in torch's kernel side table, by its index."""
+    from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
+
+    return kernel_side_table.get_constant_args(constant_args_idx)
+
+
+# ----------------------------------------------------------------------------------- autotune (build side)
+def autotune_selector() -> Any:
+    """Inductor's process-wide ``AlgorithmSelectorCache``, whose ``feedback_saver_fns`` it calls with the timings
+    after each benchmark of a tunable op's candidates; None where this torch has no Inductor or no feedback savers."""
+    try:
+        from torch._inductor import select_algorithm
+    except ImportError:  # pragma: no cover - a torch without Inductor
+        return None
+    get = getattr(select_algorithm, "get_algorithm_selector_cache", None)
+    selector = get() if get is not None else None
+    return selector if hasattr(selector, "feedback_saver_fns") else None
+
+
+def autotune_selector_class() -> type | None:
+    """Inductor's ``AlgorithmSelectorCache`` class (its ``lookup`` returns a tuned op's benchmark times), or None."""
+    try:
+        from torch._inductor import select_algorithm
+    except ImportError:  # pragma: no cover - a torch without Inductor
+        return None
+    return getattr(select_algorithm, "AlgorithmSelectorCache", None)
+
+
+def multi_template_buffer_class() -> type | None:
+    """Inductor's ``ir.MultiTemplateBuffer`` (a tuned op's node until benchmark fusion picks a template), or None."""
+    try:
+        from torch._inductor import ir
+    except ImportError:  # pragma: no cover - a torch without Inductor
+        return None
+    return getattr(ir, "MultiTemplateBuffer", None)
+
+
 # ------------------------------------------------------------------------------------------- load side
 def static_cuda_launcher() -> Any:
     """torch's static CUDA launcher (``_load_kernel``, ``_launch_kernel``): what Inductor launches cubins with."""
     return torch._C._StaticCudaLauncher
+
+
+def current_raw_stream() -> Any:
+    """``torch._C._cuda_getCurrentRawStream``: ``(device index) -> that device's current CUDA stream`` (an int),
+    the stream Inductor's wrappers launch on."""
+    return torch._C._cuda_getCurrentRawStream
+
+
+def tensor_guards_class() -> type | None:
+    """Dynamo's C++ ``TensorGuards`` (``torch._C._dynamo.guards``, built into torch's C extension: no Python module
+    of Dynamo is imported), or None where this torch lacks it."""
+    try:
+        from torch._C._dynamo.guards import TensorGuards
+    except ImportError:
+        return None
+    return TensorGuards
+
+
+def dispatch_mode_class() -> type:
+    """torch's ``TorchDispatchMode`` (``torch.utils._python_dispatch``, loaded by ``import torch``): the base of a
+    mode that sees every ATen call made under it."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    return TorchDispatchMode
 
 
 def launcher_function_handle(handles: tuple[Any, ...]) -> Any:

@@ -44,7 +44,7 @@ class Artifact:
             compiled), ``"portable"`` (Inductor's cache entries), or None before the first use.
         cache: the cache it was read from (fast and portable loads are counted there), or None.
         primer: the replay of the graph's library calls a fast load ran beside itself
-            (:class:`precompile.inductor.prime.Primer`: calls ``done`` and ``failed``, its ``seconds``), or None
+            (:class:`precompile.inductor.load.prime.Primer`: calls ``done`` and ``failed``, its ``seconds``), or None
             (``PRECOMPILE_PRIME`` off, or nothing to replay).
         no_host_code: whether the engine must be the wrapper graph (no host code runs), as the trust policy of the
             load that made it says (:class:`precompile.artifact.trust.Policy`); None: ``PRECOMPILE_REQUIRE_NO_HOST_CODE``

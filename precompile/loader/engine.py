@@ -1,7 +1,7 @@
 """The callable behind a stored artifact: the fast path where the manifest offers one, else the portable path.
 
-The fast path (:func:`precompile.inductor.runtime.load_fast`) runs Inductor's wrapper with the carried binaries
-and compiles nothing; the portable path (:func:`precompile.inductor.portable.load_engine`) reloads Inductor's
+The fast path (:func:`precompile.inductor.load.runtime.load_fast`) runs Inductor's wrapper with the carried binaries
+and compiles nothing; the portable path (:func:`precompile.inductor.load.portable.load_engine`) reloads Inductor's
 own cache entries.  The manifest records why an artifact offers no fast path (``build.fast_off``); a fast load
 that fails falls back to the portable path with a warning.  Loads are counted in the artifact's cache
 (``loads_fast``, ``loads_portable``), so ``precompile stats`` shows how a fleet loads.
@@ -53,7 +53,7 @@ def build_engine(art: Artifact) -> Callable[..., Any]:
     elif not fast:
         log.info("artifact %s loads through the portable path: %s", art.key[:12],
                  art.manifest.build.get("fast_off") or "it offers no fast path")
-    from precompile.inductor import portable
+    from precompile.inductor.load import portable
 
     binaries: dict[str, bytes] = {}
     for k in art.manifest.kernels:
@@ -78,7 +78,7 @@ def _no_host_code(art: Artifact) -> Callable[..., Any]:
         WrapperGraphError / ValueError: the stored graph or a launch blob is refused.
     """
     from precompile.errors import UntrustedArtifactError
-    from precompile.inductor.graph_engine import load_graph
+    from precompile.inductor.load.graph_engine import load_graph
     from precompile.metrics import safe_incr
 
     part = art.manifest.parts.get("wrapper_graph")
@@ -100,10 +100,10 @@ def graph_part_bounds(manifest: Any) -> dict[str, int]:
     """``{digest: bytes}``: the parts the engine of ``PRECOMPILE_REQUIRE_NO_HOST_CODE`` reads (the wrapper graph and
     its kernels' launch blobs; no other part: they are host code), each bounded by the size a structurally
     checked manifest records and never more than the engine accepts
-    (:data:`~precompile.inductor.graph_engine.MAX_GRAPH_BYTES` for the graph,
-    :data:`~precompile.inductor.graph_engine.MAX_LAUNCH_BYTES` for a launch blob), so that a manifest recording
+    (:data:`~precompile.inductor.load.graph_engine.MAX_GRAPH_BYTES` for the graph,
+    :data:`~precompile.inductor.load.graph_engine.MAX_LAUNCH_BYTES` for a launch blob), so that a manifest recording
     gigabytes costs a read of at most that much.  ``{}`` when the manifest has no wrapper graph."""
-    from precompile.inductor.graph_engine import MAX_GRAPH_BYTES, MAX_LAUNCH_BYTES
+    from precompile.inductor.load.graph_engine import MAX_GRAPH_BYTES, MAX_LAUNCH_BYTES
 
     part = manifest.parts.get("wrapper_graph") or {}
     out: dict[str, int] = {}
@@ -115,9 +115,9 @@ def graph_part_bounds(manifest: Any) -> dict[str, int]:
 
 
 def start_primer(manifest: Any) -> Any:
-    """Start replaying the library calls ``manifest``'s fast path recorded (:mod:`precompile.inductor.prime`), as
+    """Start replaying the library calls ``manifest``'s fast path recorded (:mod:`precompile.inductor.load.prime`), as
     ``PRECOMPILE_PRIME`` asks, as soon as a load has verified the manifest, so that the replay runs while its blobs
-    are read and its binaries loaded; the :class:`~precompile.inductor.prime.Primer`, or None (priming off, a bad
+    are read and its binaries loaded; the :class:`~precompile.inductor.load.prime.Primer`, or None (priming off, a bad
     setting, left for :func:`build_engine` to report, or nothing to replay).
 
     Raises:
@@ -130,13 +130,13 @@ def start_primer(manifest: Any) -> Any:
         return None
     if mode == "off":
         return None
-    from precompile.inductor import prime
+    from precompile.inductor.load import prime
 
     return prime.start(fast.get("prime"), mode == "all")
 
 
 def _load_fast(art: Artifact, fast: dict[str, Any]) -> Callable[..., Any]:
-    from precompile.inductor.runtime import fast_binary, load_fast
+    from precompile.inductor.load.runtime import fast_binary, load_fast
 
     if art.primer is None:  # not started by the cache read (a file or directory load): started here
         art.primer = start_primer(art.manifest)

@@ -139,7 +139,7 @@ class CallChecks:
 
     def _upgrade(self, flat: Sequence[Any], skip: frozenset[int]) -> None:
         """After the first call the Python check accepted: the same check with its tensor part in one C++ call
-        (:mod:`precompile.inductor.tensor_guards`), built from this call's tensors so that their dispatch keys
+        (:mod:`precompile.inductor.load.tensor_guards`), built from this call's tensors so that their dispatch keys
         (grad or inference mode) are the reference.  Tried once per ``skip``."""
         self._native.add(skip)
         native = fast_check(self.checks, skip, self.guards, examples=flat)
@@ -188,7 +188,7 @@ def fast_check(checks: Sequence[InputCheck], skip: frozenset[int], guards: Guard
     through ``int``); dtypes, device names and specialized numbers are objects in its namespace, never text.
 
     With ``examples`` (a call's inputs that passed), the tensor part is instead one call of torch's C++ tensor check
-    built from them (:func:`precompile.inductor.tensor_guards.tensor_check`), which also requires their dispatch
+    built from them (:func:`precompile.inductor.load.tensor_guards.tensor_check`), which also requires their dispatch
     keys, device index and requires_grad; the function is then None where torch cannot provide that check.
     """
     ns: dict[str, Any] = {"T": torch.Tensor, "isinstance": isinstance, "len": len, "type": type, "int": int,
@@ -198,7 +198,7 @@ def fast_check(checks: Sequence[InputCheck], skip: frozenset[int], guards: Guard
     if examples is not None:
         from operator import itemgetter
 
-        from precompile.inductor.tensor_guards import tensor_check
+        from precompile.inductor.load.tensor_guards import tensor_check
 
         if not tensors or any(not isinstance(examples[i], torch.Tensor) for i in tensors):
             return None

@@ -237,7 +237,7 @@ def test_relpaths_that_escape_are_refused_from_a_cache_a_file_and_a_directory(wh
     with pytest.raises(UnsafePathError):
         precompile.load(d)
     # the portable loader checks its relpaths itself, before it unpickles anything
-    from precompile.inductor import portable
+    from precompile.inductor.load import portable
 
     marker = tmp_path / "marker"
     with pytest.raises(UnsafePathError):

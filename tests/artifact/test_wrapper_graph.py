@@ -19,7 +19,7 @@ import torch._higher_order_ops.triton_kernel_wrap as tkw
 from precompile.artifact.wrapper import graph as wg
 from precompile.artifact.graph_json import graph_to_json
 from precompile.artifact.wrapper.codegen import build
-from precompile.inductor.fx_wrapper import NotExpressible, wrapper_graph
+from precompile.inductor.build.fx_wrapper import NotExpressible, wrapper_graph
 
 
 class Gemms(torch.nn.Module):
@@ -56,7 +56,7 @@ class TopK(torch.nn.Module):
 def test_an_extern_kernel_outside_the_allow_list_keeps_the_python_wrapper_and_says_why():
     """Inductor calls ``aten::topk`` as a fallback kernel, which the FX wrapper expresses (once its alignment
     asserts are off) but the allow-list does not take: the artifact keeps the Python wrapper, naming the node."""
-    from precompile.inductor.fx_wrapper import stored_graph
+    from precompile.inductor.build.fx_wrapper import stored_graph
 
     graph, _, _ = wrapper_graph(torch.fx.symbolic_trace(TopK()), [torch.randn(8, 16), torch.randn(16, 32)],
                                 {"alignment_asserts": False, "size_asserts": False})
@@ -244,7 +244,7 @@ def test_a_convolution_is_right_as_the_first_call_of_a_fresh_process(tmp_path):
 
     from conftest import python_env
 
-    from precompile.inductor.fx_wrapper import stored_graph
+    from precompile.inductor.build.fx_wrapper import stored_graph
 
     def conv(x, w):
         return torch.nn.functional.conv2d(x, w, padding=1)

@@ -1,4 +1,4 @@
-"""GEMM and convolution picks as the manifest stores them (precompile.inductor.picks): ``diff`` names a pick that
+"""GEMM and convolution picks as the manifest stores them (precompile.inductor.build.picks): ``diff`` names a pick that
 changed, ``inspect`` prints them as text, and a second compile replaying a first one's records takes its picks.
 The diff and inspect records are written out by hand because a CPU build tunes no GEMM (Inductor's C++ GEMM
 template needs constant weights, which only ``freezing`` gives: the replay test compiles that way);
@@ -85,7 +85,7 @@ def _tuned_compile(model, x, replay=None):
     from torch._inductor import config
     from torch._inductor.utils import fresh_cache
 
-    from precompile.inductor import picks
+    from precompile.inductor.build import picks
 
     torch._dynamo.reset()
     with fresh_cache(), torch.no_grad(), config.patch({"max_autotune": True, "freezing": True,

@@ -1,4 +1,4 @@
-"""precompile.inductor.externs: each stand-in names an extern kernel this torch's Inductor still has, and
+"""precompile.inductor.load.externs: each stand-in names an extern kernel this torch's Inductor still has, and
 computes the same bits as it on every bias layout Inductor passes."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from precompile.inductor import externs
-from precompile.inductor.runtime import resolve
+from precompile.inductor.load import externs
+from precompile.inductor.load.runtime import resolve
 
 
 @pytest.mark.parametrize("inductors, ours", sorted(externs.STAND_INS.items()))
@@ -35,7 +35,8 @@ def test_bias_addmm_stand_in_matches_inductors(bias):
 def test_the_fast_plan_resolves_inductors_bias_addmm_to_the_stand_in():
     import torch._inductor.kernel.mm  # noqa: F401 - defines Inductor's extern kernel choices
 
-    from precompile.inductor import fast_plan, shim
+    from precompile.inductor import shim
+    from precompile.inductor.build import fast_plan
 
-    assert fast_plan.extern_ref(shim.extern_kernel("bias_addmm")) == "precompile.inductor.externs:bias_addmm"
+    assert fast_plan.extern_ref(shim.extern_kernel("bias_addmm")) == "precompile.inductor.load.externs:bias_addmm"
     assert fast_plan.extern_ref(shim.extern_kernel("mm")) == "torch:mm"  # torch's own ops stay as they are

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 before = set(sys.modules)
 from precompile.artifact.wrapper.codegen import build
-from precompile.inductor import cuda_runtime
+from precompile.inductor.load import cuda_runtime
 d = Path(sys.argv[1])
 data = json.loads((d / "wrapper.json").read_text())
 kernels = {int(p.stem[1:]): cuda_runtime.TritonKernel(*cuda_runtime.read_launch(p.read_bytes(), p.stem),
@@ -72,8 +72,8 @@ def test_a_wrapper_graph_with_its_cubins_runs_without_host_code_bit_equal(name, 
 
     import precompile
     from precompile.artifact.wrapper import graph as wg
-    from precompile.inductor import cuda_runtime
-    from precompile.inductor.fx_wrapper import launch_records, wrapper_graph
+    from precompile.inductor.load import cuda_runtime
+    from precompile.inductor.build.fx_wrapper import launch_records, wrapper_graph
 
     gm, example = _graphs.capture(*_case(name))
     graph, _, kernels = wrapper_graph(gm, [a.clone() if isinstance(a, torch.Tensor) else a for a in example])

@@ -1,4 +1,4 @@
-"""Library calls recorded at build and replayed beside a load (precompile.inductor.prime): the build records
+"""Library calls recorded at build and replayed beside a load (precompile.inductor.load.prime): the build records
 each distinct matmul of the graph, a load replays them in a thread the first call waits for, outputs stay the
 fresh compile's, and what a manifest asks to replay is bounded."""
 
@@ -10,7 +10,7 @@ import torch
 
 import precompile
 from precompile.errors import ConfigError
-from precompile.inductor import prime
+from precompile.inductor.load import prime
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ import torch
 from conftest import assert_same_output, run_python
 
 import precompile
-from precompile.inductor import cuda_runtime, runtime
+from precompile.inductor.load import cuda_runtime, runtime
 
 LOAD_AND_RUN = r"""
 import json, sys, time
@@ -27,8 +27,9 @@ art = precompile.load(sys.argv[1], weights=_graphs.mlp())   # weights bound by n
 out = art(_graphs.example())
 seconds = time.perf_counter() - t
 new = sorted(m for m in set(sys.modules) - before if m.startswith(("torch._inductor", "torch._dynamo")))
+ours = sorted(m for m in set(sys.modules) - before if m.startswith("precompile.inductor"))
 torch.save(out, sys.argv[2])
-print(json.dumps({"engine": art.engine_kind, "seconds": seconds, "new_modules": new}))
+print(json.dumps({"engine": art.engine_kind, "seconds": seconds, "new_modules": new, "inductor_modules": ours}))
 """
 
 
@@ -46,6 +47,12 @@ def _load_in_fresh_process(path: Path, tmp_path: Path, env: dict | None = None) 
     out_file = tmp_path / "out.pt"
     report = json.loads(run_python(LOAD_AND_RUN, str(path), str(out_file), env=env).splitlines()[-1])
     return report, torch.load(out_file)
+
+
+@pytest.fixture(scope="module")
+def fast_load(dynamo_artifact, tmp_path_factory):
+    """``(report, outputs)`` of the artifact loaded and called once in a fresh process, through the fast path."""
+    return _load_in_fresh_process(dynamo_artifact[3], tmp_path_factory.mktemp("fast_load"))
 
 
 def test_training_graph_takes_the_portable_path_only():
@@ -69,13 +76,22 @@ def test_cpu_artifact_offers_the_fast_path(dynamo_artifact):
     assert all(d in needed for k in art.manifest.kernels for d in k["binaries"].values())
 
 
-def test_fresh_process_loads_without_compiling(dynamo_artifact, tmp_path):
+def test_fresh_process_loads_without_compiling(dynamo_artifact, fast_load):
     art, gm, inputs, path = dynamo_artifact
-    report, out = _load_in_fresh_process(path, tmp_path)
+    report, out = fast_load
     assert report["engine"] == "fast"
     # no Inductor/Dynamo module was imported: nothing was probed, compiled or traced
     assert report["new_modules"] == []
     assert_same_output(out, gm(*inputs), rtol=0, atol=0)
+
+
+def test_a_fast_load_imports_the_load_side_only(fast_load):
+    """precompile.inductor's build side (compile, harvest, the fast plan...) is never imported by a fast load and
+    its call (tests/test_layout.py keeps load/ from importing it)."""
+    report, _ = fast_load
+    assert report["engine"] == "fast"
+    assert "precompile.inductor.load.runtime" in report["inductor_modules"], report["inductor_modules"]
+    assert [m for m in report["inductor_modules"] if m.startswith("precompile.inductor.build")] == []
 
 
 def test_portable_path_gives_the_same_outputs(dynamo_artifact, tmp_path):
@@ -114,7 +130,8 @@ import hashlib, json, sys
 import torch
 torch._C._cuda_getCurrentRawStream = getattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 0)
 before = set(sys.modules)
-from precompile.inductor import harvest, runtime
+from precompile.inductor.build import harvest
+from precompile.inductor.load import runtime
 source = open(sys.argv[1]).read()
 kernels = {hashlib.sha256(text.encode()).hexdigest(): name for name, _, text in harvest.TRITON_KERNEL.findall(source)}
 seen = []
@@ -320,7 +337,7 @@ def test_a_buffer_the_graph_never_writes_is_compared_by_layout_only():
     """vLLM's piece before an attention op returns the ``torch.empty`` buffer the op fills: two runs never agree on
     its contents, so the fast path's validation compares its shape, stride and dtype only (it kept a GPU piece on
     the portable path), and still every written output bit for bit."""
-    from precompile.inductor.runs import same_values, unset_outputs
+    from precompile.inductor.build.runs import same_values, unset_outputs
 
     def f(x, w):
         out = torch.empty_like(x)  # vLLM's attention layers make the buffer with torch.empty(...)

@@ -129,7 +129,7 @@ def call(args):
 
 @pytest.mark.parametrize("defers", [False, True], ids=["torch-2.11", "torch-2.13"])
 def test_misaligned_written_input_is_copied_and_written_back(defers):
-    from precompile.inductor import runtime
+    from precompile.inductor.load import runtime
 
     fn = runtime.load_fast(WRAPPER, {}, inputs_to_check=[0, 1], mutated=[0], defers_alignment=defers)
     x = _graphs.misaligned_like(torch.zeros(8))

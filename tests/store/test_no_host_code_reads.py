@@ -33,7 +33,7 @@ class Gemms(torch.nn.Module):
 def entry(tmp_path_factory):
     """``(key, cache directory)`` of an artifact with a wrapper graph."""
     from precompile.artifact.wrapper import graph as wg
-    from precompile.inductor.fx_wrapper import wrapper_graph
+    from precompile.inductor.build.fx_wrapper import wrapper_graph
 
     root = tmp_path_factory.mktemp("nohost") / "cache"
     gm = torch.fx.symbolic_trace(Gemms())

@@ -199,7 +199,7 @@ def case_refused(work: Path, redis_url: str) -> dict:
 
 GRAPH_ENTRY = """
 from precompile.artifact.wrapper import graph as wg
-from precompile.inductor.fx_wrapper import wrapper_graph
+from precompile.inductor.build.fx_wrapper import wrapper_graph
 from cache_backends.base import digest_bytes
 from precompile.key.graph import canonical_json
 url = sys.argv[1]

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Where a first call after a fresh-process ``precompile.load`` goes: cProfile of the first call (``import torch``
 and reading the inputs excluded), with the load, the library set-up beside it (``PRECOMPILE_PRIME``, see
-``precompile.inductor.prime``) and the second call timed (each synced).
+``precompile.inductor.load.prime``) and the second call timed (each synced).
 
     python tools/profile/first_call.py KEY --cache URL --inputs inputs.pt [--top 15]
     PRECOMPILE_PRIME=off python tools/profile/first_call.py ...     # the same without priming

@@ -5,7 +5,7 @@ Scenarios (each a fresh process; ``import torch``, ``import precompile``, readin
 recorded library calls are not timed; every step is synced):
 
 - ``plain``: ``precompile.load``, first call, second call (``PRECOMPILE_PRIME=off``).
-- ``prime``: the same with ``PRECOMPILE_PRIME=all`` (the replay of :mod:`precompile.inductor.prime` in a thread
+- ``prime``: the same with ``PRECOMPILE_PRIME=all`` (the replay of :mod:`precompile.inductor.load.prime` in a thread
   the load starts once it has verified the manifest, before it reads the blobs).
 - ``early``: the replay thread started before ``precompile.load`` (before even the manifest is read), the first
   call after it ends.
@@ -45,7 +45,7 @@ def _child(a: argparse.Namespace) -> dict:
     import torch
 
     import precompile
-    from precompile.inductor import prime
+    from precompile.inductor.load import prime
     from precompile.store.cache_io import load_from_cache
 
     inputs = torch.load(a.inputs, weights_only=False)

@@ -8,10 +8,10 @@ call whose guards fail falls through to Dynamo's callback and is traced as usual
 entry beside the old ones.
 
 This module, with :mod:`~precompile.inductor.dynamo.record` (the package class and Dynamo's patched recording),
-:mod:`~precompile.inductor.frame_state`, :mod:`~precompile.inductor.named_guards` (what the guard state holds) and
-:mod:`~precompile.inductor.dynamo.check` (the check before storing), is where precompile touches that machinery:
-:func:`optimize` traces under a package, :func:`dump`/:func:`restore` turn its record into bytes and back,
-:func:`install` puts a restored record into this process.  The record is a pickle, as torch writes it; callers
+:mod:`~precompile.inductor.dynamo.frame_state`, :mod:`~precompile.inductor.dynamo.named_guards` (what the guard
+state holds) and :mod:`~precompile.inductor.dynamo.check` (the check before storing), is where precompile touches
+that machinery: :func:`optimize` traces under a package, :func:`dump`/:func:`restore` turn its record into bytes and
+back, :func:`install` puts a restored record into this process.  The record is a pickle, as torch writes it; callers
 must verify its digest and signature before :func:`restore` (precompile.function.store does).
 """
 
@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from precompile.inductor import named_guards
+from precompile.inductor.dynamo import named_guards
 from precompile.inductor.dynamo.record import (  # noqa: F401 - frames_traced: part of this module's API
     frame_name,
     frames_traced,

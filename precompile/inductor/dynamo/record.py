@@ -2,8 +2,8 @@
 store what library code makes, and a count of the frames Dynamo traces.
 
 :func:`package_class` is torch's ``CompilePackage`` with the changes its docstring lists; :func:`patch_dynamo`
-patches Dynamo once per process (the guard-state pickler of :mod:`precompile.inductor.frame_state`, identity
-guards by :mod:`precompile.inductor.named_guards`, the count behind :func:`frames_traced`).  Any caller but a
+patches Dynamo once per process (the guard-state pickler of :mod:`precompile.inductor.dynamo.frame_state`, identity
+guards by :mod:`precompile.inductor.dynamo.named_guards`, the count behind :func:`frames_traced`).  Any caller but a
 precompile package recording a frame sees torch's behaviour.
 """
 
@@ -17,7 +17,7 @@ import sys
 import threading
 from typing import Any
 
-from precompile.inductor import frame_state, named_guards
+from precompile.inductor.dynamo import frame_state, named_guards
 
 log = logging.getLogger("precompile.function")
 
@@ -42,9 +42,9 @@ def _package_class() -> type:
         """torch's ``CompilePackage``, except that a frame it cannot record is left out of the record (marked
         bypassed, the reason kept in :attr:`refusals`) instead of failing the user's call: code it cannot name
         (made by ``exec``, such as a dataclass's ``__init__``, has no module to find it in), guards that cannot be
-        stored (:mod:`precompile.inductor.named_guards`), or a guard state that does not pickle.  The function still
-        runs as ``torch.compile`` would; :func:`dump` stores the other frames, or refuses the record when the
-        function's own frame is the one left out."""
+        stored (:mod:`precompile.inductor.dynamo.named_guards`), or a guard state that does not pickle.  The
+        function still runs as ``torch.compile`` would; :func:`dump` stores the other frames, or refuses the record
+        when the function's own frame is the one left out."""
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             self.refusals: dict[int, list[str]] = {}  # id(code entry) -> why it is left out of the record
@@ -114,13 +114,14 @@ def patch_dynamo() -> None:
 
     Patched once per process; any caller but a precompile package recording a frame sees torch's behaviour:
 
-    - the guard state is pickled by :mod:`precompile.inductor.frame_state`'s pickler (decorated functions by value,
-      plain objects with only the attributes the guard tree reads);
+    - the guard state is pickled by :mod:`precompile.inductor.dynamo.frame_state`'s pickler (decorated functions
+      by value, plain objects with only the attributes the guard tree reads);
     - a module Dynamo installs as a global is named by its import name and recorded in the package
-      (:func:`precompile.inductor.frame_state.install_global_by_id`), so a fresh process has it;
+      (:func:`precompile.inductor.dynamo.frame_state.install_global_by_id`), so a fresh process has it;
     - each frame Dynamo traces is counted (:func:`frames_traced`);
-    - a frame with a guard no other process could check (:func:`precompile.inductor.named_guards.refusals`), and
-      one whose state still does not pickle, is left out of the record instead of failing the user's call.
+    - a frame with a guard no other process could check
+      (:func:`precompile.inductor.dynamo.named_guards.refusals`), and one whose state still does not pickle, is
+      left out of the record instead of failing the user's call.
       In torch 2.11-2.13 ``pickle.PicklingError`` and ``TypeError`` escape, and the ``PackageError`` torch makes of
       an ``AttributeError`` leads to its own "guards_state must not be None" assertion; here such a failure hands
       Dynamo :data:`UNPICKLABLE_GUARDS`, which the package takes as a bypass of the frame.

@@ -1,12 +1,12 @@
 """The fast load path: Inductor's wrapper module run with light stand-ins, carried binaries loaded from memory.
 
-The portable path (:mod:`precompile.inductor.portable`) rebuilds the callable the way ``CompiledArtifact.load``
+The portable path (:mod:`precompile.inductor.load.portable`) rebuilds the callable the way ``CompiledArtifact.load``
 does: it imports Inductor's compile-time modules (and with them Dynamo and sympy), probes the CPU's vector ISA
 with gcc, looks up (or rebuilds) every C++ kernel and has Triton build its C launchers with gcc.  The fast path
 runs Inductor's wrapper module itself, with its imports of compile-time modules replaced by the stand-ins of
 :class:`FastRuntime`: every ``async_compile.cpp_pybinding(...)`` is bound to the ``.so`` the artifact carries,
 every ``async_compile.triton(...)`` to the picked cubin its ``.launch`` blob carries, launched through torch's
-static CUDA launcher (:mod:`precompile.inductor.cuda_runtime`), every multi-kernel to its sub-kernel picked at
+static CUDA launcher (:mod:`precompile.inductor.load.cuda_runtime`), every multi-kernel to its sub-kernel picked at
 build.  Binaries are loaded through memfd, never compiled; Triton is not imported.
 
 The wrapper's ``call`` is the whole compiled graph for an inference graph: symbolic sizes arrive as int
@@ -30,8 +30,9 @@ from typing import Any
 
 import torch
 
-from precompile.inductor import cuda_runtime, shim
-from precompile.inductor.memfd import memfd
+from precompile.inductor import shim
+from precompile.inductor.load import cuda_runtime
+from precompile.inductor.load.memfd import memfd
 
 
 class _LazyModule:
@@ -170,13 +171,19 @@ def rewrite_wrapper(source: str) -> str | None:
     return "".join(lines)
 
 
+#: ``{former module name: its module now}`` for the stand-ins fast plans name: an artifact built before
+#: precompile.inductor was split into wings (2026-11-27) names ``precompile.inductor.externs:bias_addmm``.
+FORMER_NAMES = {"precompile.inductor.externs": "precompile.inductor.load.externs"}
+
+
 def resolve(ref: str) -> Any:
-    """The object named ``"module:qualname"``.
+    """The object named ``"module:qualname"`` (a module of :data:`FORMER_NAMES` by its name now).
 
     Raises:
         ImportError / AttributeError: it does not exist here.
     """
     module, _, qual = ref.partition(":")
+    module = FORMER_NAMES.get(module, module)
     obj: Any = importlib.import_module(module)
     for part in qual.split("."):
         obj = getattr(obj, part)
@@ -236,7 +243,7 @@ def load_fast(source: str, kernels: dict[str, bytes], *, extern: dict[str, str] 
             copies it itself), and the graph's writes to a copy are copied back.
         mutated: inputs the graph writes to.
         defers_alignment: the wrapper copies its own misaligned read-only inputs (torch 2.13).
-        primer: a :class:`precompile.inductor.prime.Primer` setting libraries up; the first call waits for it.
+        primer: a :class:`precompile.inductor.load.prime.Primer` setting libraries up; the first call waits for it.
 
     Returns:
         ``fn(*flat_inputs) -> tuple of outputs``, run without autograd (an inference graph).

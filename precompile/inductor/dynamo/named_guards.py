@@ -21,7 +21,7 @@ Across processes an object's identity is its import name.  For each such guard, 
    (Dynamo's sources).
 
 The guard is kept, re-pointed at :func:`named_id_match`, and the guarded object is pickled as its path and the
-digest of what it was (:mod:`precompile.inductor.object_digest`: a function's code and defaults, a class's
+digest of what it was (:mod:`precompile.inductor.dynamo.object_digest`: a function's code and defaults, a class's
 functions...), so the loading process compares each call's object with the object the path names there, provided
 that object is still what was stored (:func:`resolve`; a function monkeypatched at its import path is not, and its
 guard then fails).  A
@@ -41,9 +41,15 @@ import types
 from collections.abc import Sequence
 from typing import Any
 
-from precompile.inductor import object_digest
+from precompile.inductor.dynamo import object_digest
 
 log = logging.getLogger("precompile")
+
+#: This module's name before precompile.inductor was split into wings (2026-11-27): the guard-state pickles of
+#: function artifacts stored before then name :func:`resolve` and :func:`named_id_match` by it, and find them under
+#: it once it is imported (as :mod:`precompile.inductor.dynamo.pkg` does before it installs a record).
+FORMER_NAME = "precompile.inductor.named_guards"
+sys.modules.setdefault(FORMER_NAME, sys.modules[__name__])
 
 #: Guards that check an object's identity (``CLOSURE_MATCH`` on a Python function: its code's identity).
 IDENTITY = frozenset({"ID_MATCH", "FUNCTION_MATCH", "CLASS_MATCH", "MODULE_MATCH", "CLOSURE_MATCH"})
@@ -150,7 +156,7 @@ class Mismatch:
 
 def resolve(path: Path, expected: str | None = None) -> Any:
     """The object ``path`` names in this process; a :class:`Mismatch` when ``expected`` is given and that object's
-    :func:`precompile.inductor.object_digest.digest` is not it.
+    :func:`precompile.inductor.dynamo.object_digest.digest` is not it.
 
     Raises:
         ImportError, AttributeError, KeyError, IndexError, ValueError: the path does not lead to an object here.

@@ -1,9 +1,10 @@
 """The no-host-code engine: a GPU artifact's wrapper graph (data) run with its Triton kernels' cubins (data).
 
-A load builds the callable from the stored wrapper graph (:mod:`precompile.artifact.wrapper.graph`: checked against the
-allow-list; :mod:`precompile.artifact.wrapper.codegen`: code generated from it) and the kernels' ``.launch`` blobs
-(:mod:`precompile.inductor.cuda_runtime`: records checked, cubins to the CUDA driver).  Nothing the artifact carries is executed, imported or dlopen'd
-host-side.  Like the fast path it imports neither Inductor, Dynamo, Triton nor sympy.
+A load builds the callable from the stored wrapper graph (:mod:`precompile.artifact.wrapper.graph`: checked against
+the allow-list; :mod:`precompile.artifact.wrapper.codegen`: code generated from it) and the kernels' ``.launch``
+blobs (:mod:`precompile.inductor.load.cuda_runtime`: records checked, cubins to the CUDA driver).  Nothing the
+artifact carries is executed, imported or dlopen'd host-side.  Like the fast path it imports neither Inductor,
+Dynamo, Triton nor sympy.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 from cache_backends.bounded import loads_json
 from precompile.artifact.wrapper import codegen as wrapper_codegen
 from precompile.artifact.wrapper import graph as wrapper_graph
-from precompile.inductor import cuda_runtime, runtime
+from precompile.inductor.load import cuda_runtime, runtime
 
 #: Largest stored wrapper graph read, bytes (a large model's is well under 1 MiB).
 MAX_GRAPH_BYTES = 8 << 20
@@ -29,12 +30,12 @@ def load_graph(graph: bytes, launches: dict[int, bytes], *, inputs_to_check: lis
     Args:
         graph: the wrapper graph's JSON (:func:`precompile.artifact.wrapper.graph.to_data`), digest already checked.
         launches: ``{kernel_idx: .launch blob}`` of the kernels its launch nodes name.
-        inputs_to_check, mutated: as :func:`precompile.inductor.runtime.load_fast` (alignment copies).
+        inputs_to_check, mutated: as :func:`precompile.inductor.load.runtime.load_fast` (alignment copies).
 
     Raises:
         WrapperGraphError: the graph is larger than :data:`MAX_GRAPH_BYTES`, not JSON, or outside the format.
         ValueError: a launch blob is larger than :data:`MAX_LAUNCH_BYTES` or malformed
-            (:func:`~precompile.inductor.cuda_runtime.read_launch`), or a launch node names a kernel without one.
+            (:func:`~precompile.inductor.load.cuda_runtime.read_launch`), or a launch node names a kernel without one.
     """
     if len(graph) > MAX_GRAPH_BYTES:
         raise wrapper_graph.WrapperGraphError(f"a wrapper graph of {len(graph)} bytes, more than {MAX_GRAPH_BYTES}")

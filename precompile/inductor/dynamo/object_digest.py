@@ -1,11 +1,11 @@
 """What an object named by an import path must still be when another process resolves the path.
 
-An identity guard stored by path (:mod:`precompile.inductor.named_guards`) would hold for *whatever* the path holds
-in the loading process.  When the frame reaches the object through that same path (a module global called by name),
-that check could never fail: a function monkeypatched at its import path before the call (as kernel libraries patch
-``modeling_llama.apply_rotary_pos_emb``) would be served the stored code for the old one.  So each stored path
-carries a digest of what the object was, and the loading process accepts the object at the path only if its digest
-is the same (:func:`digest`):
+An identity guard stored by path (:mod:`precompile.inductor.dynamo.named_guards`) would hold for *whatever* the
+path holds in the loading process.  When the frame reaches the object through that same path (a module global
+called by name), that check could never fail: a function monkeypatched at its import path before the call (as
+kernel libraries patch ``modeling_llama.apply_rotary_pos_emb``) would be served the stored code for the old one.
+So each stored path carries a digest of what the object was, and the loading process accepts the object at the path
+only if its digest is the same (:func:`digest`):
 
 | object | digest of |
 |---|---|

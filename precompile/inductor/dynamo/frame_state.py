@@ -39,7 +39,13 @@ import sys
 import types
 from typing import Any
 
-from precompile.inductor import named_guards
+from precompile.inductor.dynamo import named_guards
+
+#: This module's name before precompile.inductor was split into wings (2026-11-27): the guard-state pickles of
+#: function artifacts stored before then name its functions by it, and find them under it once it is imported (as
+#: :mod:`precompile.inductor.dynamo.pkg` does before it installs a record).
+FORMER_NAME = "precompile.inductor.frame_state"
+sys.modules.setdefault(FORMER_NAME, sys.modules[__name__])
 
 #: Attribute a reduced plain object's class must not override for the pruned form to rebuild it faithfully.
 _DEFAULT_PICKLING = ("__reduce_ex__", "__reduce__", "__getstate__", "__setstate__", "__getnewargs__",

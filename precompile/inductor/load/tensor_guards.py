@@ -1,4 +1,5 @@
-"""Dynamo's C++ tensor check (``torch._C._dynamo.guards.TensorGuards``), the one place precompile reaches for it.
+"""Dynamo's C++ tensor check (``torch._C._dynamo.guards.TensorGuards``, through
+:func:`precompile.inductor.shim.tensor_guards_class`), the one place precompile uses it.
 
 ``TensorGuards(*examples, dynamic_dims_sizes=..., dynamic_dims_strides=...)`` records, per example tensor, its
 dispatch keys (under the thread's dispatch state at construction), dtype, device (type and index) and
@@ -16,6 +17,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from precompile.inductor import shim
+
 log = logging.getLogger("precompile")
 
 
@@ -31,9 +34,8 @@ def tensor_check(examples: Sequence[torch.Tensor], sizes: Sequence[Sequence[int 
         sizes: per tensor, the expected size of each dimension or None.
         strides: per tensor, the expected stride of each dimension or None, or None for all free.
     """
-    try:
-        from torch._C._dynamo.guards import TensorGuards
-    except ImportError:
+    TensorGuards = shim.tensor_guards_class()  # noqa: N806 - torch's class
+    if TensorGuards is None:
         return None
     try:
         tg = TensorGuards(*examples, dynamic_dims_sizes=[list(s) for s in sizes],

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from precompile.inductor.products import Kernel
+from precompile.inductor.build.products import Kernel
 
 CPP_KERNEL = re.compile(r"^(\w+) = async_compile\.cpp(?:_pybinding)?\((?:\[.*?\], )?r?'''(.*?)'''", re.S | re.M)
 TRITON_KERNEL = re.compile(r"^(\w+) = async_compile\.triton\('(\w+)', r?'''(.*?)'''", re.S | re.M)

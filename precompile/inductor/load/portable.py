@@ -45,7 +45,7 @@ def _load_cache_dir():
     directory for the duration of a load.  Loads are serialized by a lock; a compile running at the same time in
     another thread of this process writes into the private directory too, which only costs it its cache.
 
-    Not :func:`precompile.inductor.compile._build_cache_dir`, which also moves Triton's cache dir and clears
+    Not :func:`precompile.inductor.build.compile._build_cache_dir`, which also moves Triton's cache dir and clears
     Inductor's in-memory code caches, before and after: a load does neither."""
     with _LOCK:
         old = os.environ.get("TORCHINDUCTOR_CACHE_DIR")

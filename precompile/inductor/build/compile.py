@@ -15,8 +15,9 @@ from typing import Any
 
 import torch
 
-from precompile.inductor import cuda_pack, harvest, picks, shim
-from precompile.inductor.products import BuildResult, NotSaveableError
+from precompile.inductor import shim
+from precompile.inductor.build import cuda_pack, harvest, picks
+from precompile.inductor.build.products import BuildResult, NotSaveableError
 
 log = logging.getLogger("precompile.inductor")
 
@@ -26,7 +27,7 @@ def _build_cache_dir(reuse: str | None = None):
     """A fresh Inductor + Triton cache dir with in-memory code caches cleared, so the compile is complete
     (nothing reused from earlier compiles in this process or on this disk) and every product lands in it.
 
-    Not :func:`precompile.inductor.portable._load_cache_dir`, which serializes loads under one per-process
+    Not :func:`precompile.inductor.load.portable._load_cache_dir`, which serializes loads under one per-process
     directory and leaves Triton's cache dir and the in-memory caches alone.
 
     Args:

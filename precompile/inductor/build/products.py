@@ -47,7 +47,7 @@ class BuildResult:
             Inductor does not launch statically), or None.
         multi_kernel: ``{multi-kernel name: index of the sub-kernel picked at build}`` (``triton.multi_kernel``).
         tuned: one record per op ``max_autotune`` benchmarked (GEMM, convolution): its candidates, their times
-            and the choice taken (:mod:`precompile.inductor.picks`).
+            and the choice taken (:mod:`precompile.inductor.build.picks`).
         benchmark_leftovers: ``.best_config`` files of kernels only a benchmark compiled (not picks).
         cache_dir: the compile's private Inductor + Triton cache dir while it lives (a GPU build's, kept until the
             process ends: it holds the first compile's on-disk autotune results for a second compile), else None.

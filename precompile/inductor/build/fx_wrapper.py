@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from precompile.inductor import shim
+
 _LOCK = threading.Lock()
 
 
@@ -45,15 +47,11 @@ def wrapper_graph(gm: torch.fx.GraphModule, example_inputs: list[Any],
     Raises:
         NotExpressible: the converter refused or failed on the graph, or produced none.
     """
-    from torch._functorch import config as functorch_config
-    from torch._inductor import config
-    from torch._inductor.codegen import wrapper_fxir
-    from torch._inductor.compile_fx import compile_fx
-
+    codegen, converter = shim.fx_wrapper_classes()
     captured: list[torch.fx.GraphModule] = []
     converters: list[Any] = []
-    original = wrapper_fxir.WrapperFxCodegen.compile_graph
-    generate = wrapper_fxir.FxConverter.generate
+    original = codegen.compile_graph
+    generate = converter.generate
 
     def capture(self: Any, graph: torch.fx.GraphModule) -> Any:
         captured.append(graph)
@@ -64,20 +62,20 @@ def wrapper_graph(gm: torch.fx.GraphModule, example_inputs: list[Any],
         return generate(self)
 
     with _LOCK:
-        wrapper_fxir.WrapperFxCodegen.compile_graph = capture
-        wrapper_fxir.FxConverter.generate = capture_converter
+        codegen.compile_graph = capture
+        converter.generate = capture_converter
         try:
-            # no FX graph or AOTAutograd cache: an entry of the Python wrapper's compile must not stand in for
-            # this one (the autotune picks in the cache dir are what it may reuse)
-            with config.patch({**(options or {}), "fx_wrapper": True, "fx_graph_cache": False}), \
-                    functorch_config.patch(enable_autograd_cache=False), torch.no_grad():
-                compiled = compile_fx(copy.deepcopy(gm), example_inputs)  # compile_fx rewrites the graph it gets
+            # with no FX graph or AOTAutograd cache: an entry of the Python wrapper's compile must not stand in
+            # for this one (the autotune picks in the cache dir are what it may reuse); compile_fx rewrites the
+            # graph it gets: a copy
+            with torch.no_grad():
+                compiled = shim.compile_fx_wrapper(copy.deepcopy(gm), example_inputs, options or {})
         except Exception as err:  # noqa: BLE001 - any converter failure means "not expressible", with its reason
             cause = err.__cause__ or err
             raise NotExpressible(f"{type(cause).__name__}: {' '.join(str(cause).split())[:300]}") from err
         finally:
-            wrapper_fxir.WrapperFxCodegen.compile_graph = original
-            wrapper_fxir.FxConverter.generate = generate
+            codegen.compile_graph = original
+            converter.generate = generate
     if len(captured) != 1 or len(converters) != 1:
         raise NotExpressible(f"Inductor's FX wrapper produced {len(captured)} wrapper graphs, not one")
     kernels = {k.wrapped.kernel_idx: k.tuner for k in converters[0].kernels.values()}
@@ -95,8 +93,8 @@ def launch_records(kernels: dict[int, Any]) -> dict[int, tuple[dict[str, Any], b
     Raises:
         NotExpressible: a kernel has no compiled config, or the static launcher cannot launch it.
     """
-    from precompile.inductor.cuda_pack import NotFast, _static_from_compiled
-    from precompile.inductor.cuda_runtime import LAUNCH_FORMAT
+    from precompile.inductor.build.cuda_pack import NotFast, _static_from_compiled
+    from precompile.inductor.load.cuda_runtime import LAUNCH_FORMAT
 
     out = {}
     for idx, tuner in kernels.items():
@@ -149,7 +147,7 @@ def build_wrapper_graph(gm: torch.fx.GraphModule, compile_inputs: list[Any], run
     the artifact keeps the Python wrapper.
 
     The graph is compiled again with Inductor's FX wrapper, stored as data, loaded
-    exactly as a worker would load it (:func:`precompile.inductor.graph_engine.load_graph`) and run on copies of
+    exactly as a worker would load it (:func:`precompile.inductor.load.graph_engine.load_graph`) and run on copies of
     ``run_inputs``; its outputs and the inputs it writes to must equal ``reference``'s (the fresh compile whose
     artifact this is) bit for bit.
 
@@ -163,20 +161,19 @@ def build_wrapper_graph(gm: torch.fx.GraphModule, compile_inputs: list[Any], run
             first compiled config: where that is not the reference's pick, the bit-equality check keeps the
             Python wrapper.
         tuned: the reference compile's GEMM/convolution benchmark records (:attr:`BuildResult.tuned`), replayed
-            so that each tuned op takes the reference's pick (:func:`precompile.inductor.picks.replaying`).
-        unset: outputs the graph never writes (:func:`precompile.inductor.runs.unset_outputs`): layout only.
+            so that each tuned op takes the reference's pick (:func:`precompile.inductor.build.picks.replaying`).
+        unset: outputs the graph never writes (:func:`precompile.inductor.build.runs.unset_outputs`): layout only.
     """
-    from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
-
-    from precompile.inductor import graph_engine, picks, runs
-    from precompile.inductor.compile import _build_cache_dir
-    from precompile.inductor.cuda_runtime import pack_launch
+    from precompile.inductor.build import picks, runs
+    from precompile.inductor.build.compile import _build_cache_dir
+    from precompile.inductor.load import graph_engine
+    from precompile.inductor.load.cuda_runtime import pack_launch
 
     try:
         with _build_cache_dir(cache_dir), picks.replaying(tuned or []):
             graph, _, kernels = wrapper_graph(gm, compile_inputs, options)
         launches = [n for n in graph.graph.nodes if n.op == "call_function" and "triton_kernel" in str(n.target)]
-        if any(kernel_side_table.get_constant_args(n.kwargs["constant_args_idx"]) for n in launches):
+        if any(shim.triton_side_table_constants(n.kwargs["constant_args_idx"]) for n in launches):
             return "a Triton launch carries side-table constants, which the wrapper graph does not store"
         data = stored_graph(graph)
         if isinstance(data, str):

@@ -48,7 +48,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+
+from precompile.inductor import shim
 
 log = logging.getLogger("precompile")
 
@@ -98,7 +99,7 @@ def _unreplayable(schema: Any, args: list[Any], kwargs: dict[str, Any]) -> str |
     return None
 
 
-class _Recorder(TorchDispatchMode):
+class _Recorder(shim.dispatch_mode_class()):  # type: ignore[misc] - torch's TorchDispatchMode
     def __init__(self) -> None:
         super().__init__()
         self.calls: list[dict[str, Any]] = []

@@ -5,7 +5,7 @@ The fast path launches each Triton kernel's picked cubin through torch's own sta
 needs neither Triton nor gcc.  The build records, per kernel, what Inductor's generated launcher does (its
 parameters, the grid expressions for the picked config, the parameters that reach the cubin and their type
 codes, num_warps, shared memory) and packs that record with the picked cubin into one blob,
-``<kernel>.launch`` (:func:`precompile.inductor.cuda_runtime.pack_launch`): data, not a host binary, so a load
+``<kernel>.launch`` (:func:`precompile.inductor.load.cuda_runtime.pack_launch`): data, not a host binary, so a load
 runs nothing host-side that the artifact carries for a Triton kernel.  Grids are expressions of the launcher's
 parameters (``xnumel``...), checked to be plain arithmetic at load, so a graph with symbolic sizes gets the grid
 of each call's sizes.
@@ -21,9 +21,10 @@ from typing import Any
 
 import torch
 
-from precompile.inductor import runs, shim
-from precompile.inductor.cuda_runtime import LAUNCH, LAUNCH_FORMAT, pack_launch
-from precompile.inductor.products import Kernel
+from precompile.inductor import shim
+from precompile.inductor.build import runs
+from precompile.inductor.build.products import Kernel
+from precompile.inductor.load.cuda_runtime import LAUNCH, LAUNCH_FORMAT, pack_launch
 
 log = logging.getLogger("precompile.inductor")
 

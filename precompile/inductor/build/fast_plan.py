@@ -11,9 +11,11 @@ from typing import Any
 
 import torch
 
-from precompile.inductor import externs, prime, runs, runtime, shim
-from precompile.inductor.runtime import fast_binary
-from precompile.inductor.products import BuildResult, Kernel
+from precompile.inductor import shim
+from precompile.inductor.build import runs
+from precompile.inductor.build.products import BuildResult, Kernel
+from precompile.inductor.load import externs, prime, runtime
+from precompile.inductor.load.runtime import fast_binary
 
 log = logging.getLogger("precompile.inductor")
 
@@ -50,14 +52,14 @@ def fast_plan(result: BuildResult, run_inputs: list[Any] | None, more_inputs: li
             output may alias an input, which Inductor's runtime wrapper would regenerate).
         more_inputs: more input sets to validate on (other sizes of a graph with symbolic shapes).
         graph_outputs: ``(number of outputs, whether one may alias an input)`` of the FX graph.
-        unset: outputs the graph allocates and never writes (:func:`precompile.inductor.runs.unset_outputs`):
+        unset: outputs the graph allocates and never writes (:func:`precompile.inductor.build.runs.unset_outputs`):
             compared by layout only.
 
     Returns:
         ``(plan, None)`` or ``(None, why the fast path is off)``.  ``plan`` is what a fast load needs besides
         the kernel binaries: ``{"wrapper": name, "source": the wrapper with its imports replaced, "extern":
         {name: "module:qualname"}, "ops": [{"op", "module"}], "multi_kernel": {name: pick}, "mutated": [...],
-        "defers_alignment": bool, "prime": the library calls to replay at load (precompile.inductor.prime)}``.
+        "defers_alignment": bool, "prime": the library calls to replay at load (precompile.inductor.load.prime)}``.
         The fast callable is built from the in-memory products, and on every
         input set its outputs, and the inputs it writes to, must equal the freshly compiled callable's bit for
         bit; any difference or failure means no plan.
@@ -89,7 +91,7 @@ def fast_plan(result: BuildResult, run_inputs: list[Any] | None, more_inputs: li
                                  mutated=result.mutated_inputs, defers_alignment=result.defers_alignment,
                                  rewritten=True)
         for i, inputs in enumerate([run_inputs, *more_inputs]):
-            # the example run also records the library calls a load may replay (precompile.inductor.prime)
+            # the example run also records the library calls a load may replay (precompile.inductor.load.prime)
             differs = _compare(result, fast, inputs, required=i == 0, library_calls=plan if i == 0 else None,
                                unset=unset)
             if differs:
@@ -180,7 +182,7 @@ def _as_list(out: Any) -> list[Any]:
 
 def extern_ref(fn: Any) -> str | None:
     """The ``"module:qualname"`` a fast load resolves extern kernel ``fn`` by: its stand-in's where
-    :data:`precompile.inductor.externs.STAND_INS` has one (never Inductor's own module on the load path), else its
+    :data:`precompile.inductor.load.externs.STAND_INS` has one (never Inductor's own module on the load path), else its
     own; None when it cannot be imported by name."""
     ref = _importable_name(fn)
     return externs.STAND_INS.get(ref, ref) if ref is not None else None

@@ -2,7 +2,7 @@
 imports no Inductor module (importing ``torch._inductor.kernel.mm`` imports Inductor, sympy and Triton: seconds).
 
 Each is a copy of Inductor's function, and the build still validates the fast callable that calls it against
-Inductor's own fresh callable, bit for bit (:mod:`precompile.inductor.fast_plan`).  :data:`STAND_INS` maps the
+Inductor's own fresh callable, bit for bit (:mod:`precompile.inductor.build.fast_plan`).  :data:`STAND_INS` maps the
 importable name Inductor's object has to the stand-in's.
 """
 
@@ -26,4 +26,4 @@ def bias_addmm(inp: torch.Tensor, mat1: torch.Tensor, mat2: torch.Tensor, *, out
 
 
 #: ``{importable name of Inductor's extern kernel: importable name of its stand-in}``.
-STAND_INS = {"torch._inductor.kernel.mm:bias_addmm": "precompile.inductor.externs:bias_addmm"}
+STAND_INS = {"torch._inductor.kernel.mm:bias_addmm": "precompile.inductor.load.externs:bias_addmm"}

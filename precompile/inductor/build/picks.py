@@ -33,6 +33,8 @@ import re
 import threading
 from typing import Any, Iterator
 
+from precompile.inductor import shim
+
 log = logging.getLogger("precompile.inductor")
 
 #: Most candidates kept per tuned op (fastest first); the rest are counted in ``"more"``.
@@ -62,13 +64,8 @@ def _recording() -> Iterator[list[dict[str, Any]]]:
     # reused by another object while a finalized caller is matched to its record
     live: list[tuple[dict[str, Any], dict[int, str], list[Any]]] = []
     finalized: list[int] = []
-    try:
-        from torch._inductor import ir, select_algorithm
-    except ImportError:  # pragma: no cover - a torch without Inductor
-        yield records
-        return
-    cache = getattr(select_algorithm, "get_algorithm_selector_cache", None)
-    if cache is None or not hasattr(cache(), "feedback_saver_fns"):
+    selector = shim.autotune_selector()
+    if selector is None:
         log.debug("this torch has no autotune feedback savers: GEMM picks are not recorded")
         yield records
         return
@@ -82,7 +79,7 @@ def _recording() -> Iterator[list[dict[str, Any]]]:
         records.append(record)
         live.append((record, ids, [*choices, *timings]))
 
-    mtb = getattr(ir, "MultiTemplateBuffer", None)
+    mtb = shim.multi_template_buffer_class()
     originals = {}
     for attr in ("finalize_as_triton_caller", "finalize_as_triton_callers"):
         fn = getattr(mtb, attr, None)
@@ -100,7 +97,6 @@ def _recording() -> Iterator[list[dict[str, Any]]]:
             finalized.append(id(default))
         return originals["finalize_as_triton_callers"](self, callers)
 
-    selector = cache()
     selector.feedback_saver_fns.append(saver)
     if "finalize_as_triton_caller" in originals:
         mtb.finalize_as_triton_caller = _one
@@ -195,12 +191,7 @@ def replaying(tuned: list[dict[str, Any]]) -> Iterator[None]:
     :func:`recording`).
     """
     with _LOCK:
-        try:
-            from torch._inductor import select_algorithm
-        except ImportError:  # pragma: no cover - a torch without Inductor
-            yield
-            return
-        cls = getattr(select_algorithm, "AlgorithmSelectorCache", None)
+        cls = shim.autotune_selector_class()
         fallback = getattr(cls, "lookup", None)
         if fallback is None or not tuned:
             yield

@@ -1,7 +1,7 @@
 """The fast path's Triton side at load: picked cubins launched by torch's static CUDA launcher, multi-kernels.
 
 Nothing here imports Triton, Inductor or sympy, and nothing is compiled or loaded host-side: a kernel's
-``<name>.launch`` blob (:func:`pack_launch`, written at build by :mod:`precompile.inductor.cuda_pack`) is data, a
+``<name>.launch`` blob (:func:`pack_launch`, written at build by :mod:`precompile.inductor.build.cuda_pack`) is data, a
 length-prefixed launch record (JSON) followed by the picked cubin; the cubin goes to the CUDA driver, and the record
 becomes a small ``run(*params, stream)`` function that computes the grid of the picked config for each call's
 sizes, as Inductor's generated launcher does.
@@ -30,7 +30,7 @@ import torch
 from cache_backends.bounded import loads_json
 from precompile.artifact.names import ascii_identifier
 from precompile.inductor import shim
-from precompile.inductor.memfd import memfd
+from precompile.inductor.load.memfd import memfd
 
 #: Version of the ``.launch`` blob layout and its record.
 LAUNCH_FORMAT = 2
@@ -166,7 +166,7 @@ class GraphLaunch:
     def __init__(self, kernels: dict[int, TritonKernel]):
         self._launch = shim.static_cuda_launcher()._launch_kernel
         #: ``stream(device index) -> the device's current raw stream``: a wrapper call reads it once per device.
-        self.stream = torch._C._cuda_getCurrentRawStream
+        self.stream = shim.current_raw_stream()
         self._kernels = {i: (k.function, int(k.record["num_warps"]), int(k.record["shared"]), k.record["arg_tys"],
                              tuple(k.record["passed"]), int(k.record["scratch"]), int(k.record["device"]))
                          for i, k in kernels.items()}
@@ -204,7 +204,7 @@ class GraphLaunch:
         if any(t == "O" and a is not None and not isinstance(a, torch.Tensor) for a, t in zip(args, tys)):
             raise ValueError(f"kernel {kernel_idx}: a pointer argument is not a tensor of the graph")
         self._launch(function, int(x), int(y), int(z), warps, shared, tys, args,
-                     torch._C._cuda_getCurrentRawStream(device))
+                     self.stream(device))
 
 
 def launcher_function(record: dict[str, Any], launch: Any, function: Any) -> Any:
