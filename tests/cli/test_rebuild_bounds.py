@@ -60,11 +60,13 @@ def _unary(op: str) -> dict:
 X = [_spec("x", [4], [1])]
 
 
-def _rebuild(cache: LocalCache, *keys: str, env: dict | None = None) -> tuple[dict[str, dict], dict]:
-    """``({old key: row}, run)`` of ``precompile rebuild KEYS --force`` on ``cache``; asserts the run ended with
+def _rebuild(cache: LocalCache, *keys: str, env: dict | None = None, args: tuple[str, ...] = ()
+             ) -> tuple[dict[str, dict], dict]:
+    """``({old key: row}, run)`` of ``precompile rebuild KEYS --force ARGS`` on ``cache``; asserts the run ended with
     status 0 or 1, one JSON document and no traceback, and every reason is one line."""
     env = {"MALLOC_ARENA_MAX": "2", "PRECOMPILE_VERIFY_KEYS": None, "PRECOMPILE_SIGNING_KEY": None, **(env or {})}
-    out = run_python(RUN, *keys, "--force", "--cache", "file://" + str(cache.root), env=env, timeout=DEADLINE_S + 60)
+    out = run_python(RUN, *keys, "--force", *args, "--cache", "file://" + str(cache.root), env=env,
+                     timeout=DEADLINE_S + 60)
     run = json.loads(out.strip().splitlines()[-1])
     assert run["rc"] in (0, 1) and "Traceback" not in run["stderr"] + run["stdout"], run["stderr"][-3000:]
     rows = {r["old_key"]: r for r in json.loads(run["stdout"].strip().splitlines()[-1])["rows"]}
@@ -94,7 +96,7 @@ def test_inputs_over_the_budget_are_refused_before_anything_is_allocated(tmp_pat
     gib = plant(cache, "", OLD, _unary("relu"), [_spec("x", [2**24, 16], [16, 1])])  # 1 GiB of floats
     huge = plant(cache, "", OLD, _unary("neg"), [_spec("x", [2**62, 16], [16, 1])])
     overlapping = plant(cache, "", OLD, _unary("abs"), [_spec("x", [2**40], [0])])  # one float stored, 2**40 elements
-    rows, run = _rebuild(cache, gib, huge, overlapping, env={"PRECOMPILE_REBUILD_MAX_BYTES": str(BUDGET)})
+    rows, run = _rebuild(cache, gib, huge, overlapping, args=("--max-bytes", "64MiB"))  # BUDGET, by the option
     for key in (gib, huge):
         assert rows[key]["outcome"] == "refused", rows[key]
         assert "by input 'x'" in rows[key]["detail"] and f"budget of {BUDGET} bytes" in rows[key]["detail"]
