@@ -17,6 +17,8 @@ temporary directory by setting the environment before the call.
 | ``PRECOMPILE_SIGNING_KEY`` | builders: path of the Ed25519 private key (PEM) every stored or saved manifest is signed with; its public key is trusted too | unset: nothing signed (set but blank: an error) |
 | ``PRECOMPILE_METRICS_PORT`` | TCP port (1-65535) on which a process serves its Prometheus metrics (``/metrics``, all interfaces), from its first recorded lookup or load (:func:`precompile.metrics.serve_configured`) | unset: no endpoint |
 | ``PRECOMPILE_GRAPH_OP_NAMESPACES`` | comma-separated operator namespaces a stored FX graph may call besides ``aten``, ``prims`` and the custom-op namespaces registered in the process (e.g. ``_c10d_functional``); see ``precompile.artifact.graph_allow`` | unset: none |
+| ``PRECOMPILE_REBUILD_MAX_BYTES`` | bytes ``precompile rebuild`` may hold for one artifact's inputs, intermediates, outputs and their copies, estimated before anything is allocated (``precompile.ops.rebuild_bounds``); more is the outcome ``refused`` | a quarter of this machine's memory (its cgroup's limit where lower), at most 4 GiB |
+| ``PRECOMPILE_REBUILD_MAX_FLOPS`` | work one run of a rebuilt graph may do, counted on fake tensors before it runs: floating-point operations (``torch.utils.flop_counter``) plus every element an operator reads or writes; more is ``refused`` | 10**13 |
 | ``PRECOMPILE_VERIFY_KEYS`` | serving workers: comma-separated Ed25519 public keys (``ed25519:<64 hex>``, or files of them / PEM); set, only artifacts signed by one of them load | unset: nothing checked (set, it must name a key: ``""``, ``","`` or an empty key file is an error) |
 
 The ``precompile`` logger's handler and level are set here too (:func:`setup_logging`), for the command line,
@@ -79,6 +81,57 @@ def _int_within(raw: str, low: int, high: int | None) -> int | None:
     except ValueError:
         return None
     return value if low <= value and (high is None or value <= high) else None
+
+
+#: Upper bound of the default of ``PRECOMPILE_REBUILD_MAX_BYTES``.
+REBUILD_MAX_BYTES_CAP = 4 << 30
+#: Default of ``PRECOMPILE_REBUILD_MAX_FLOPS``: 10 TFLOP, one decoder layer of a 70B Llama over 4096 tokens
+#: (2 x 0.86e9 weights x 4096 tokens = 7.0e12, attention 0.5e12), or a whole 1B model over as many tokens.
+DEFAULT_REBUILD_MAX_FLOPS = 10**13
+
+
+def rebuild_max_bytes() -> int:
+    """Bytes a rebuild may hold for one artifact (inputs, intermediates, outputs and the copies it compares), from
+    ``PRECOMPILE_REBUILD_MAX_BYTES``; default: a quarter of this machine's memory (of its cgroup's ``memory.max``,
+    where that is lower), at most :data:`REBUILD_MAX_BYTES_CAP`.
+
+    Raises:
+        ConfigError: the variable is set but is not an integer from 1 to 2**62.
+    """
+    raw = os.environ.get("PRECOMPILE_REBUILD_MAX_BYTES", "").strip()
+    if not raw:
+        return min(REBUILD_MAX_BYTES_CAP, _memory_bytes() // 4)
+    value = _int_within(raw, 1, 1 << 62)
+    if value is None:
+        raise ConfigError(f"PRECOMPILE_REBUILD_MAX_BYTES must be a positive integer number of bytes, got {raw!r:.80}")
+    return value
+
+
+def rebuild_max_flops() -> int:
+    """Work one run of a rebuilt graph may do (floating-point operations plus elements read and written), from
+    ``PRECOMPILE_REBUILD_MAX_FLOPS``; default :data:`DEFAULT_REBUILD_MAX_FLOPS`.
+
+    Raises:
+        ConfigError: the variable is set but is not an integer from 1 to 2**62.
+    """
+    raw = os.environ.get("PRECOMPILE_REBUILD_MAX_FLOPS", "").strip()
+    if not raw:
+        return DEFAULT_REBUILD_MAX_FLOPS
+    value = _int_within(raw, 1, 1 << 62)
+    if value is None:
+        raise ConfigError(f"PRECOMPILE_REBUILD_MAX_FLOPS must be a positive integer, got {raw!r:.80}")
+    return value
+
+
+def _memory_bytes() -> int:
+    """This machine's physical memory in bytes (``sysconf``), or its cgroup v2 limit (``memory.max``) where lower."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    try:
+        with open("/sys/fs/cgroup/memory.max") as f:
+            limit = f.read(64).strip()
+    except OSError:
+        return total
+    return min(total, int(limit)) if limit.isdigit() and int(limit) > 0 else total
 
 
 #: Level names ``PRECOMPILE_LOG`` accepts (case-insensitive).

@@ -38,6 +38,11 @@ GRAPH_SCHEMA = 1
 #: Bounds on a stored graph: sub-graphs within sub-graphs, and an argument's nesting.
 MAX_GRAPH_DEPTH = 16
 MAX_ARG_DEPTH = 64
+#: Bounds on a stored argument's literals: an int's magnitude (an int64 or uint64 value; Python's own bound is 4300
+#: digits), a string's characters, a list's (tuple's, dict's) items.
+MAX_LITERAL_INT = 1 << 64
+MAX_LITERAL_STRING = 1 << 16
+MAX_LITERAL_ITEMS = 1 << 20
 #: Device types a stored argument may name (``torch.device`` of another type may look up a backend module).
 DEVICE_TYPES = ("cpu", "cuda", "meta", "mps", "xpu", "hpu", "mtia")
 _DEVICE = re.compile(rf"(?:{'|'.join(DEVICE_TYPES)})(?::[0-9]{{1,4}})?\Z")
@@ -171,10 +176,12 @@ def decode_arg(value: Any, nodes: list[torch.fx.Node], _depth: int = 0) -> Any:
     Raises:
         ArtifactFormatError: an unknown tag or a malformed payload, a reference to a node that is not an earlier
             one, a dtype, layout or memory format this torch lacks, a device of another type than
-            :data:`DEVICE_TYPES`, or nesting deeper than :data:`MAX_ARG_DEPTH`.
+            :data:`DEVICE_TYPES`, nesting deeper than :data:`MAX_ARG_DEPTH`, or an int, string or list past its
+            bound (:data:`MAX_LITERAL_INT`, :data:`MAX_LITERAL_STRING`, :data:`MAX_LITERAL_ITEMS`).
     """
     if _depth > MAX_ARG_DEPTH:
         raise ArtifactFormatError(f"a stored argument nests deeper than {MAX_ARG_DEPTH}")
+    _check_literal(value)
     if isinstance(value, list):
         return [decode_arg(v, nodes, _depth + 1) for v in value]
     if value is None or isinstance(value, (bool, int, float, str)):
@@ -182,6 +189,7 @@ def decode_arg(value: Any, nodes: list[torch.fx.Node], _depth: int = 0) -> Any:
     if not isinstance(value, dict) or len(value) != 1:
         raise ArtifactFormatError(f"stored argument {value!r:.80} is not a value, a list or one tagged value")
     (tag, payload), = value.items()
+    _check_literal(payload)
     items = ([decode_arg(v, nodes, _depth + 1) for v in payload]
              if tag in ("$complex", "$size", "$slice", "$tuple") and isinstance(payload, list) else None)
     if tag == "$node" and type(payload) is int and 0 <= payload < len(nodes):
@@ -207,6 +215,19 @@ def decode_arg(value: Any, nodes: list[torch.fx.Node], _depth: int = 0) -> Any:
         if all(k is None or isinstance(k, (bool, int, float, str)) for k, _ in pairs):
             return dict(pairs)
     raise ArtifactFormatError(f"stored argument {value!r:.80} is not a valid {tag!r:.40} value")
+
+
+def _check_literal(value: Any) -> None:
+    """Raise :class:`ArtifactFormatError` for an int, string or list past its bound (:data:`MAX_LITERAL_INT`...)."""
+    if isinstance(value, int) and not isinstance(value, bool) and not -MAX_LITERAL_INT <= value <= MAX_LITERAL_INT:
+        raise ArtifactFormatError(f"a stored argument holds an int of {value.bit_length()} bits, more than the "
+                                  f"{MAX_LITERAL_INT.bit_length() - 1} of an int64 or uint64")
+    if isinstance(value, str) and len(value) > MAX_LITERAL_STRING:
+        raise ArtifactFormatError(f"a stored argument holds a string of {len(value)} characters, more than "
+                                  f"{MAX_LITERAL_STRING}")
+    if isinstance(value, list) and len(value) > MAX_LITERAL_ITEMS:
+        raise ArtifactFormatError(f"a stored argument holds a list of {len(value)} items, more than "
+                                  f"{MAX_LITERAL_ITEMS}")
 
 
 def _real(value: Any) -> bool:

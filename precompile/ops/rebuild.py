@@ -16,10 +16,25 @@ tensor methods; nothing stored is imported), and a graph naming anything else is
 data too (:mod:`precompile.inductor.stored_options`): one outside its domain (``cpp.march`` that is not an
 architecture name, a path, a program) is refused, logged, and left at this machine's default.
 
+Every size in the entry was chosen by whoever wrote it, so a rebuild is bounded before it allocates or runs
+anything (:mod:`precompile.ops.rebuild_bounds`): by a byte budget (``PRECOMPILE_REBUILD_MAX_BYTES``, ``--max-bytes``;
+default a quarter of this machine's memory, at most 4 GiB) that the stored graph's size, the inputs' storages
+(summed from their specs, every size and stride an int from 0 to 2**62) and then the peak of a run on fake tensors
+(intermediates by storage, the copies and comparisons a rebuild makes) must fit, and by a work bound
+(``PRECOMPILE_REBUILD_MAX_FLOPS``, ``--max-flops``; default 10**13) on that run's floating-point operations and
+elements touched.  The graph's size arithmetic runs through :mod:`precompile.artifact.size_math` in that run (ints
+within 64 bits, ``pow`` and ``<<`` checked before they compute, sequences of at most 65,536 items), and its literals
+are bounded when it is read (:func:`precompile.artifact.graph_json.decode_arg`).  A rebuild's peak memory is then
+within the budget plus a fixed overhead (torch, Inductor, the compiler), and its time within what the work bound and
+the graph's size allow.
+
 Refused, with the reason, are: symbolic artifacts (their sizes need symbolic fake values on the rebuilt graph,
 which precompile does not make yet: rebuild them by running the model, e.g. ``precompile warmup``), artifacts
-whose stored graph does not hash to their graph factor, artifacts for a device this machine lacks, and artifacts
-whose ambient state cannot be restored here.
+whose stored graph does not hash to their graph factor, artifacts for a device this machine lacks, artifacts
+whose ambient state cannot be restored here, artifacts over a bound, and graphs that do not propagate on fake
+tensors (an output size that depends on values).  Whatever else fails, whatever the exception (an allocation, a
+``MemoryError``, size arithmetic past its bounds), is the outcome ``failed`` with a one-line reason, its traceback
+logged at DEBUG: never a traceback on the command line.
 """
 
 from __future__ import annotations
@@ -36,10 +51,13 @@ import torch
 from cache_backends.base import MISS, Cache, digest_bytes
 from cache_backends.bounded import MAX_MANIFEST_BYTES, loads_json
 from precompile import config
-from precompile.artifact.graph_json import DEVICE_TYPES, TORCH_NAMES
+from precompile.artifact.graph_json import DEVICE_TYPES
 from precompile.artifact.manifest import Manifest
-from precompile.errors import ArtifactFormatError, PrecompileError
+from precompile.errors import ArtifactFormatError, CacheUnavailableError, PrecompileError
 from precompile.key import fingerprint, sdpa
+from precompile.ops import rebuild_bounds
+from precompile.ops.rebuild_bounds import Failed, Refused
+from precompile.ops.rebuild_bounds import dtype_named as _dtype
 
 log = logging.getLogger("precompile")
 
@@ -67,13 +85,11 @@ class Outcome:
                 "seconds": round(self.seconds, 3)}
 
 
-class Refused(PrecompileError):
-    """An artifact precompile cannot rebuild from what it stores (the message says why)."""
-
-
 def example_inputs(manifest: Manifest, seed: int = 0) -> list[Any]:
     """One input per placeholder, as its spec records it: tensors of the recorded shape, stride, dtype and device
-    (floats seeded random, integers and bools zero), numbers their recorded value.
+    (floats seeded random, integers and bools zero: their storage extent is filled, so an input whose strides
+    overlap costs its storage, not its element count), numbers their recorded value.  Check the specs first
+    (:func:`precompile.ops.rebuild_bounds.check_specs`): this allocates what they say.
 
     Raises:
         Refused: a size is symbolic, a number has no recorded value, or the device is not available here.
@@ -92,29 +108,17 @@ def example_inputs(manifest: Manifest, seed: int = 0) -> list[Any]:
                 raise Refused("it was built for CUDA and this machine has no GPU")
             dtype = _dtype(spec["dtype"])
             t = torch.empty_strided(spec["shape"], spec["stride"], dtype=dtype, device=device)
+            storage = t.as_strided((rebuild_bounds.spec_bytes(spec)[0] // dtype.itemsize,), (1,))
             if t.is_floating_point() or t.is_complex():
-                t.copy_(torch.randn(t.shape, generator=gen, dtype=torch.float32).to(dtype))
+                storage.copy_(torch.randn(storage.shape, generator=gen, dtype=torch.float32).to(dtype))
             else:
-                t.zero_()
+                storage.zero_()
             out.append(t.requires_grad_(bool(spec.get("requires_grad"))) if t.is_floating_point() else t)
         elif spec.get("value") is not None:
             out.append(spec["value"])
         else:
             raise Refused(f"input {spec['name']} is a symbolic number")
     return out
-
-
-def _dtype(name: Any) -> torch.dtype:
-    """The dtype a manifest names (``"float32"``), from torch's table of dtypes: never ``getattr(torch, name)``,
-    which may import a submodule.
-
-    Raises:
-        Refused: no dtype has that name.
-    """
-    found = TORCH_NAMES["$dtype"].get(name) if isinstance(name, str) else None
-    if found is None:
-        raise Refused(f"it names dtype {name!r:.40}, which this torch does not have")
-    return found
 
 
 def check_ambient(recorded: Any) -> None:
@@ -195,27 +199,54 @@ def _compare(got: Any, want: Any) -> str | None:
     return None
 
 
-def rebuild_one(cache: Cache, key: str, *, force: bool = False) -> Outcome:
-    """Rebuild the artifact stored under ``key`` for this environment and store it (module docstring).
+def rebuild_one(cache: Cache, key: str, *, force: bool = False, max_bytes: int | None = None,
+                max_flops: int | None = None) -> Outcome:
+    """Rebuild the artifact stored under ``key`` for this environment and store it (module docstring), holding at
+    most ``max_bytes`` bytes for its inputs, intermediates, outputs and their copies, and doing at most ``max_flops``
+    operations a run (:mod:`precompile.ops.rebuild_bounds`; None: ``PRECOMPILE_REBUILD_MAX_BYTES`` and
+    ``PRECOMPILE_REBUILD_MAX_FLOPS``).
 
-    Never raises for an artifact that cannot be rebuilt: that is an outcome (refused or failed).
+    Never raises for an artifact that cannot be rebuilt, whatever the exception (an allocation that fails, a
+    ``MemoryError`` included): that is an outcome, refused or failed, with a one-line reason; the traceback is
+    logged at DEBUG.
 
     Raises:
         CacheUnavailableError: the cache cannot be read.
+        ConfigError: a setting read here is malformed (a verify key, the graph allow-list, the bounds).
     """
+    from precompile.artifact import trust
+
+    start = time.perf_counter()
+    policy = trust.policy(cache)  # before anything is read: a key setting that names no key is an error
+    config.graph_op_namespaces()  # likewise a malformed setting of the graph allow-list
+    budget = config.rebuild_max_bytes() if max_bytes is None else max_bytes
+    work = config.rebuild_max_flops() if max_flops is None else max_flops
+
+    def done(outcome: str, detail: str = "", new_key: str | None = None) -> Outcome:
+        if outcome in ("refused", "failed"):  # one line: an exception's message may hold many
+            detail = next((x.strip() for x in detail.splitlines() if x.strip()), "")[:500]
+        return Outcome(key, new_key, outcome, detail, time.perf_counter() - start)
+
+    try:
+        return _rebuild(cache, key, force, policy, budget, work, done)
+    except CacheUnavailableError:
+        raise
+    except Refused as err:
+        return done("refused", str(err))
+    except Failed as err:
+        return done("failed", str(err))
+    except Exception as err:  # noqa: BLE001 - whatever a stored artifact makes fail is its outcome, never a traceback
+        log.debug("rebuild of %s failed", key[:12], exc_info=True)
+        return done("failed", f"{type(err).__name__}: {err}")
+
+
+def _rebuild(cache: Cache, key: str, force: bool, policy: Any, budget: int, work: int, done: Any) -> Outcome:
+    """:func:`rebuild_one` within its bounds; raises what it does not make an outcome itself."""
+    from precompile.artifact import trust
     from precompile.build.standalone import Plan, build, compute_key
     from precompile.key.graph import NormalizedGraph, Placeholder, canonical_graph, canonical_json, graph_from_json
     from precompile.store.cache_io import store
 
-    start = time.perf_counter()
-
-    def done(outcome: str, detail: str = "", new_key: str | None = None) -> Outcome:
-        return Outcome(key, new_key, outcome, detail, time.perf_counter() - start)
-
-    from precompile.artifact import trust
-
-    policy = trust.policy(cache)  # before anything is read: a key setting that names no key is an error
-    config.graph_op_namespaces()  # likewise a malformed setting of the graph allow-list
     digest = cache.get_ref(key)
     raw = cache.get_blob(digest, MAX_MANIFEST_BYTES) if digest is not MISS else MISS
     if raw is MISS:
@@ -244,6 +275,7 @@ def rebuild_one(cache: Cache, key: str, *, force: bool = False) -> Outcome:
             return done("current", "built for this environment")
         graph_digest = manifest.parts["fx_graph"]["graph"]
         graph_size = int(manifest.blobs[graph_digest]["size"])
+        rebuild_bounds.check_graph_size(graph_size, budget)
         graph_blob = cache.get_blob(graph_digest, graph_size)
         if graph_blob is MISS:
             return done("failed", "its stored FX graph is missing, damaged or larger than its manifest says")
@@ -254,10 +286,10 @@ def rebuild_one(cache: Cache, key: str, *, force: bool = False) -> Outcome:
             gm = graph_from_json(graph_json)
         except ArtifactFormatError as err:
             raise Refused(f"its stored graph is refused: {err}") from None
-        inputs = example_inputs(manifest)
+        rebuild_bounds.check_specs(manifest.placeholders, budget)
         check_ambient(factors.get("ambient") or {})
-    except Refused as err:
-        return done("refused", str(err))
+    except Refused:
+        raise
     except (PrecompileError, KeyError, TypeError, ValueError) as err:
         return done("failed", f"the stored artifact cannot be read: {type(err).__name__}: {err}")
     in_spec, out_spec = (list(factors.get("calling") or []) + [None, None])[:2]
@@ -287,6 +319,13 @@ def rebuild_one(cache: Cache, key: str, *, force: bool = False) -> Outcome:
         new_key = compute_key(new_factors)
         if not force and cache.get_ref(new_key) is not MISS:
             return done("present", "the new key is stored already", new_key)
+        try:  # on fake tensors, before anything real is made (precompile.ops.rebuild_bounds)
+            cost = rebuild_bounds.check_run(gm, manifest.placeholders, budget, work)
+        except (Refused, Failed) as err:
+            return done("refused" if isinstance(err, Refused) else "failed", str(err), new_key)
+        log.info("rebuild of %s: about %d bytes at its peak, %d operations a run", key[:12], cost.total_bytes,
+                 cost.work)
+        inputs = example_inputs(manifest)
         plan = Plan(key=new_key, factors=new_factors, specs=manifest.placeholders, graph_json=graph_json, options=opts,
                     inductor_config=inductor_config, env=env, devices=devices, symbols=None,
                     fake_values=[None] * len(inputs), compile_inputs=inputs, run_inputs=inputs,
@@ -299,6 +338,7 @@ def rebuild_one(cache: Cache, key: str, *, force: bool = False) -> Outcome:
             want = gm(*want_inputs)
             got = art.engine(*got_inputs)
         except Exception as err:  # noqa: BLE001 - a failed rebuild is an outcome of this artifact, not of the run
+            log.debug("rebuild of %s failed", key[:12], exc_info=True)
             return done("failed", f"{type(err).__name__}: {err}", new_key)
     problem = _compare(got, want) or _compare(got_inputs, want_inputs)
     if problem is not None:

@@ -46,6 +46,12 @@ def dead_redis() -> str:
     (["ls", "--cache", "file://{tmp}/local"], {"PRECOMPILE_LOG": "LOUD"}, 2, "PRECOMPILE_LOG must be one of"),
     (["gc", "--cache", "file://{tmp}/local"], {}, 2, "gc needs --max-bytes SIZE or --older-than AGE"),
     (["gc", "--max-bytes", "lots", "--cache", "file://{tmp}/local"], {}, 2, "a size is a number of bytes"),
+    (["rebuild", "--max-bytes", "lots", "--cache", "file://{tmp}/local"], {}, 2, "a size is a number of bytes"),
+    (["rebuild", "--max-bytes", "9" * 400, "--cache", "file://{tmp}/local"], {}, 2, "--max-bytes"),
+    (["rebuild", "--cache", "file://{tmp}/local"], {"PRECOMPILE_REBUILD_MAX_BYTES": "-1"}, 2,
+     "PRECOMPILE_REBUILD_MAX_BYTES must be a positive integer"),
+    (["rebuild", "--cache", "file://{tmp}/local"], {"PRECOMPILE_REBUILD_MAX_FLOPS": "1e13"}, 2,
+     "PRECOMPILE_REBUILD_MAX_FLOPS must be a positive integer"),
     (["import", "{tmp}/missing.pcb", "--cache", "file://{tmp}/new"], {}, 1, "missing.pcb"),
 ])
 def test_bad_input_is_one_line_and_creates_nothing(tmp_path, dead_redis, args, env, code, says):
