@@ -1,7 +1,8 @@
 """The ``precompile`` command line (``precompile`` console script, ``python -m precompile``).
 
-Commands, one module per group: warmup (``warmup_cmd``); ls, inspect, stats (``browse``); diff, explain
-(``diff_cmd``); verify, gc (``upkeep``); export, import (``bundle_cmd``); rebuild (``rebuild_cmd``).
+Commands, one module each, named after it: ``<command>_cmd`` (``ls_cmd``, ``inspect_cmd``, ``stats_cmd``, ``diff_cmd``,
+``explain_cmd``, ``verify_cmd``, ``gc_cmd``, ``export_cmd``, ``import_cmd``, ``rebuild_cmd``, ``warmup_cmd``); views they
+share in ``*_view`` modules and ``common``.
 
 Tables go to stdout through rich; logs and progress go to stderr.  ``--json`` prints one JSON object (or array)
 instead of a table, for scripts and tests.  A mistake in what was asked (a malformed cache URL, an unknown
@@ -15,7 +16,19 @@ May import: anything of precompile but the public API module (it presents what :
 from __future__ import annotations
 
 # each command module registers its commands on ``main`` (precompile.cli.group) when imported
-from precompile.cli import browse, bundle_cmd, diff_cmd, rebuild_cmd, upkeep, warmup_cmd  # noqa: F401
+from precompile.cli import (  # noqa: F401
+    diff_cmd,
+    explain_cmd,
+    export_cmd,
+    gc_cmd,
+    import_cmd,
+    inspect_cmd,
+    ls_cmd,
+    rebuild_cmd,
+    stats_cmd,
+    verify_cmd,
+    warmup_cmd,
+)
 from precompile.cli.common import human_bytes
 from precompile.cli.group import main
 from precompile.config import setup_logging

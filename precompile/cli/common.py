@@ -11,6 +11,8 @@ from typing import Any
 
 import click
 
+from precompile.errors import ArtifactFormatError
+
 
 def human_bytes(n: float) -> str:
     """``1536`` -> ``"1.5 KiB"``."""
@@ -135,9 +137,32 @@ def open_for_write(url: str | None):
 def progress_bar(label: str, disable: bool = False, transient: bool = False):
     """A rich progress bar on stderr: ``with progress_bar("verify") as (bar, task): bar.update(task, ...)``; a
     ``transient`` one is erased when it ends."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from rich.markup import escape
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     return Progress(TextColumn(f"[bold]{escape(label)}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                     TextColumn("{task.description}", markup=False), console=console_err(), disable=disable, transient=transient)
+
+
+def checked_source(source: Any) -> Any:
+    """``source`` (a :class:`precompile.store.lookup.Source`) if its manifest is well formed.
+
+    Raises:
+        ArtifactFormatError: it is malformed (``inspect`` shows what it holds).
+    """
+    if source.problem is not None:
+        raise ArtifactFormatError(f"artifact {source.key} ({source.where}) is malformed: {source.problem}; "
+                                  "precompile inspect shows what it holds")
+    return source
+
+
+def lazy_opener(cache_url: str | None):
+    """A function that opens the cache ``cache_url`` names (:func:`open_existing`) on its first call, once."""
+    opened: list[Any] = []
+
+    def get():
+        if not opened:
+            opened.append(open_existing(cache_url))
+        return opened[0]
+
+    return get

@@ -1,4 +1,4 @@
-"""``precompile diff`` and ``explain``: why two keys differ, and why a key misses (the stored artifacts nearest it)."""
+"""``precompile diff``: why two keys differ, factor by factor, or why one key is not any of the stored artifacts nearest it."""
 
 from __future__ import annotations
 
@@ -7,37 +7,13 @@ from typing import Any
 
 import click
 
-from precompile.cli.common import cache_option, clean, console, echo_json, open_existing, plain, table
+from precompile.cli.common import cache_option, checked_source, clean, console, echo_json, lazy_opener, plain, table
 from precompile.cli.group import main
-from precompile.errors import ArtifactFormatError
 
 
 def _value(v: Any) -> str:
     text = json.dumps(v, sort_keys=True) if not isinstance(v, str) else v
     return text if len(text) <= 70 else text[:67] + "..."
-
-
-def _checked(source: Any) -> Any:
-    """``source`` (a :class:`precompile.store.lookup.Source`) if its manifest is well formed.
-
-    Raises:
-        ArtifactFormatError: it is malformed (``inspect`` shows what it holds).
-    """
-    if source.problem is not None:
-        raise ArtifactFormatError(f"artifact {source.key} ({source.where}) is malformed: {source.problem}; "
-                                  "precompile inspect shows what it holds")
-    return source
-
-
-def _opener(cache_url: str | None):
-    opened: list[Any] = []
-
-    def get():
-        if not opened:
-            opened.append(open_existing(cache_url))
-        return opened[0]
-
-    return get
 
 
 @main.command()
@@ -61,8 +37,8 @@ def diff(a: str, b: str | None, cache_url: str | None, count: int, as_json: bool
     from precompile.store.lookup import open_target, stored_manifests
 
     trust.policy()  # a wrong key setting fails before a path or a cache is read
-    cache = _opener(cache_url)
-    left = _checked(open_target(a, cache))
+    cache = lazy_opener(cache_url)
+    left = checked_source(open_target(a, cache))
     if b is None:
         names = [str(p.get("name", "")) for p in left.manifest.get("placeholders") or []]
         near = nearest(left.manifest.get("factors") or {}, stored_manifests(cache()), exclude=left.key, names=names,
@@ -85,7 +61,7 @@ def diff(a: str, b: str | None, cache_url: str | None, count: int, as_json: bool
                 t.add_row(c.path, c.what, _value(c.a), _value(c.b))
             con.print(t)
         return
-    comparison = compare(left, _checked(open_target(b, cache)))
+    comparison = compare(left, checked_source(open_target(b, cache)))
     if as_json:
         echo_json(comparison.to_dict())
         return
@@ -116,37 +92,3 @@ def diff(a: str, b: str | None, cache_url: str | None, count: int, as_json: bool
     if comparison.wrapper_diff:
         con.print(Text("wrapper graph diff (node by node)", style="bold"))
         click.echo(clean(comparison.wrapper_diff))
-
-
-@main.command()
-@click.argument("target")
-@cache_option
-@click.option("--from", "from_url", default=None, metavar="URL",
-              help="The cache TARGET is stored in, e.g. the local cache of the pod that missed (default: --cache).")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def explain(target: str, cache_url: str | None, from_url: str | None, as_json: bool) -> None:
-    """Say why TARGET (a key or unique key prefix, in --from or the cache, or an artifact file from another
-    machine) is or would be a miss in the cache: whether its key is stored there and, if not, the closest stored
-    artifact and the factors that differ.  PRECOMPILE_EXPLAIN=1 makes every miss of standalone_compile log the
-    same line."""
-    from precompile.artifact import trust
-    from precompile.store.diff import explain_miss, nearest
-    from precompile.store.lookup import open_target, stored_manifests
-
-    trust.policy()  # a wrong key setting fails before a path or a cache is read
-    cache = _opener(cache_url)
-    source = _checked(open_target(target, _opener(from_url) if from_url else cache))
-    stored = stored_manifests(cache())
-    hit = any(k == source.key and m is not None for k, m in stored)
-    names = [str(p.get("name", "")) for p in source.manifest.get("placeholders") or []]
-    factors = source.manifest.get("factors") or {}
-    near = nearest(factors, stored, exclude=source.key, names=names, count=1)
-    if hit:
-        line = f"hit {source.key[:12]}: the cache {cache().url} stores this key"
-    else:
-        line = explain_miss(source.key, factors, stored, names)
-    if as_json:
-        echo_json({"key": source.key, "stored": hit, "explanation": line,
-                   "closest": near[0].to_dict() if near else None})
-        return
-    click.echo(clean(line))

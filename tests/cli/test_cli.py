@@ -15,7 +15,7 @@ RECIPE = "tests.fixtures_models:tiny_mlp"
 
 def cli(*args: str, env: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:
     exe = shutil.which("precompile")
-    cmd = [exe] if exe else [sys.executable, "-m", "precompile.cli"]
+    cmd = [exe] if exe else [sys.executable, "-m", "precompile"]
     proc = subprocess.run([*cmd, *args], capture_output=True, text=True, cwd=REPO, env=python_env(env), timeout=600)
     if check and proc.returncode != 0:
         raise AssertionError(f"precompile {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")

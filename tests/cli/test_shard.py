@@ -60,7 +60,7 @@ def test_cli_dry_run_flag_and_env_agree(tmp_path):
 
 def test_shards_at_once_into_one_redis_build_the_union_once(redis_server):
     url = redis_server.url()
-    cmd = [sys.executable, "-m", "precompile.cli", "warmup", RECIPE, "--shapes", SHAPES, "--cache", url, "--json"]
+    cmd = [sys.executable, "-m", "precompile", "warmup", RECIPE, "--shapes", SHAPES, "--cache", url, "--json"]
     procs = [subprocess.Popen([*cmd, "--shard", f"{i}/2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               cwd=REPO, env=python_env()) for i in range(2)]
     outs = []

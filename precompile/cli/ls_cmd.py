@@ -1,4 +1,4 @@
-"""``precompile ls``, ``inspect`` and ``stats``: what a cache holds and how it is used."""
+"""``precompile ls``: what a cache holds, one row per artifact (or a JSON array, streamed)."""
 
 from __future__ import annotations
 
@@ -124,63 +124,3 @@ def _function_item(key: str, m: dict) -> dict:
             "bytes": sum(b["size"] for b in m["blobs"].values()), "graphs": len(m["graphs"]),
             "sources": len(m["sources"]), "devices": ["cuda"] if "gpu_capability" in m["env"] else ["cpu"],
             "options": factors.get("options") or {}}
-
-
-# ----------------------------------------------------------------------------------------------- inspect
-@main.command()
-@click.argument("target")
-@cache_option
-@click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON.")
-@click.option("--wrapper", "show_wrapper", is_flag=True,
-              help="Print the wrapper stored as data (a GPU artifact with no host code): its code and kernel table.")
-def inspect(target: str, cache_url: str | None, as_json: bool, show_wrapper: bool) -> None:
-    """Show an artifact (by path, key or key prefix): parts, kernels, autotune picks, alignment, env, key factors.
-    A malformed manifest is shown as far as it can be, and the command then fails (exit status 1)."""
-    from cache_backends.registry import policy_for
-    from precompile.cli.inspect_view import show
-    from precompile.store.lookup import open_target
-
-    policy = policy_for(cache_url)  # the URL's keys judge a path too; a wrong key setting fails before any read
-    source = open_target(target, lambda: open_existing(cache_url))
-    if as_json:
-        click.echo(json.dumps(source.manifest, indent=1, sort_keys=True))
-    show(source, wrapper=show_wrapper, summary=not as_json, policy=policy)
-
-
-# ------------------------------------------------------------------------------------------------- stats
-@main.command()
-@cache_option
-@click.option("--format", "fmt", type=click.Choice(["table", "json", "prometheus"]), default="table",
-              show_default=True, help="prometheus: the text exposition format (a textfile collector, a sidecar).")
-@click.option("--json", "as_json", is_flag=True, help="Same as --format json: one JSON object.")
-def stats(cache_url: str | None, fmt: str, as_json: bool) -> None:
-    """Show a cache's counters (kept by the cache since it was created; fleet-wide for Redis): hits, misses,
-    builds, puts, bytes read/written, errors, hit rate, bytes stored."""
-    cache = open_existing(cache_url)
-    if fmt == "prometheus":
-        from precompile.metrics import cache_exposition
-
-        click.echo(cache_exposition(cache).decode(), nl=False)
-        return
-    s = cache.stats()
-    if as_json or fmt == "json":
-        click.echo(json.dumps(s, sort_keys=True))
-        return
-    from rich.text import Text
-
-    tiers = s.pop("tiers", [])
-    t = table(f"stats of {cache.url}" + (" (this machine's counters; each tier's below)" if tiers else ""),
-              ["counter", "value"], right=("value",))
-    for tier in [s, *tiers]:
-        if tier is not s:
-            t.add_section()
-            t.add_row(Text(str(tier.get("backend", "tier")), style="bold"), str(tier.get("url", "")))
-        for k, v in tier.items():  # counter names and values may come from a shared server: plain text
-            if k in ("url",) or (tier is not s and k == "backend"):
-                continue
-            if k == "hit_rate" and isinstance(v, float):
-                v = f"{100 * v:.1f}%"
-            elif (str(k).startswith("bytes") or k == "max_bytes") and isinstance(v, int):
-                v = f"{human_bytes(v)} ({v})"
-            t.add_row(str(k), str(v))
-    console().print(t)
