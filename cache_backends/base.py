@@ -167,16 +167,10 @@ class Cache(ABC):
     Attributes:
         url: the URL that opens this cache again (``open_cache(cache.url)``), without secrets.
         read_only: True when every write raises :class:`CacheReadOnlyError`.
-        verify_keys, signing_key: trust options of the URL (set by :func:`cache_backends.registry.open_cache`).
     """
 
     url: str
     read_only: bool = False
-    #: Public keys (``ed25519:<hex>`` or key files) from the URL's ``verify_keys=`` option; added to
-    #: ``PRECOMPILE_VERIFY_KEYS`` for loads from this cache (:func:`precompile.artifact.trust.policy`).
-    verify_keys: tuple[str, ...] = ()
-    #: Path of the private key from the URL's ``signing_key=`` option; stored manifests are signed with it.
-    signing_key: str | None = None
 
     # ----------------------------------------------------------------------------------------------- blobs
     @abstractmethod

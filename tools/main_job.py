@@ -52,7 +52,7 @@ def _parse() -> argparse.Namespace:
 
 
 def _cache_url(args: argparse.Namespace) -> str:
-    from cache_backends.registry import open_cache
+    from precompile.store.opening import open_cache
 
     return open_cache(args.cache).url
 

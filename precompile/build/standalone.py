@@ -78,7 +78,7 @@ def standalone_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], 
         InputMismatchError: example inputs do not line up with the graph's placeholders.
         BuildError: Inductor failed; its exception is chained.
     """
-    from cache_backends.registry import open_cache
+    from precompile.store.opening import open_cache
 
     config.engine_mode()  # a bad PRECOMPILE_ENGINE is the caller's error, not a failed load to rebuild over
     explain = config.explain_misses()

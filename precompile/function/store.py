@@ -57,9 +57,9 @@ def read(cache: Cache, key: str) -> Stored | None:
     Raises:
         TrustConfigError: a configured signing or verify key cannot be read.
     """
-    from precompile.artifact import trust
+    from precompile.store.opening import open_with_policy
 
-    policy = trust.policy(cache)
+    cache, policy = open_with_policy(cache)
     ctx = refusals.context(cache, policy)
     digest: str | None = None
     try:

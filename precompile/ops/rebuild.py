@@ -213,8 +213,9 @@ def rebuild_one(cache: Cache, key: str, *, force: bool = False) -> Outcome:
         return Outcome(key, new_key, outcome, detail, time.perf_counter() - start)
 
     from precompile.artifact import trust
+    from precompile.store.opening import open_with_policy
 
-    policy = trust.policy(cache)  # before anything is read: a key setting that names no key is an error
+    cache, policy = open_with_policy(cache)  # before anything is read: a key setting that names no key is an error
     config.graph_op_namespaces()  # likewise a malformed setting of the graph allow-list
     digest = cache.get_ref(key)
     raw = cache.get_blob(digest, MAX_MANIFEST_BYTES) if digest is not MISS else MISS
@@ -319,10 +320,10 @@ def stale_keys(cache: Cache) -> list[str]:
         CacheUnavailableError: the cache cannot be read.
         TrustConfigError: a configured key cannot be read, or a key setting names no key.
     """
-    from precompile.artifact import trust
     from precompile.store.lookup import stored_manifests
+    from precompile.store.opening import open_with_policy
 
-    policy = trust.policy(cache)
+    cache, policy = open_with_policy(cache)
     here: dict[frozenset[str], dict[str, Any]] = {}
     out = []
     for key, m in stored_manifests(cache):

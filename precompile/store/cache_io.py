@@ -43,7 +43,7 @@ def load_from_cache(key: str, cache: str | Cache | None, *, bound: dict[int, tor
     here.  A ref whose manifest or blobs are verified missing or corrupt is a miss: the ref is dropped so the next
     build replaces it.  Cache failures (a server down or stalled) are misses too, logged once, counted under
     ``errors``, and never drop anything.  ``policy`` is the call's trust policy when the caller resolved it already
-    (:func:`cache_backends.registry.policy_for`); by default the cache's (:func:`precompile.artifact.trust.policy`).
+    (:func:`precompile.store.opening.policy_for`); by default the cache's (:func:`precompile.store.opening.open_with_policy`).
     An entry refused for what its manifest holds (its signature, its form, host code) is remembered, and a later
     lookup of the same ref is a miss without reading it again (:mod:`precompile.store.refusals`).
 
@@ -52,11 +52,12 @@ def load_from_cache(key: str, cache: str | Cache | None, *, bound: dict[int, tor
             (impossible for a key computed here, possible for a key copied from elsewhere).
         TrustConfigError: a configured signing or verify key cannot be read.
     """
-    from cache_backends.registry import open_cache
-    from precompile.artifact import trust
+    from precompile.store.opening import open_cache, open_with_policy
 
-    c = open_cache(cache)
-    policy = policy or trust.policy(c)
+    if policy is None:
+        c, policy = open_with_policy(cache)
+    else:
+        c = open_cache(cache)
     ctx = refusals.context(c, policy)
     digest: str | None = None  # the manifest's, once read: a drop deletes only a ref that still names it
     try:
@@ -225,9 +226,9 @@ def signed_for_store(cache: Cache, manifest: M, what: str) -> M | None:
     Raises:
         TrustConfigError: a configured signing or verify key cannot be read.
     """
-    from precompile.artifact import trust
+    from precompile.store.opening import open_with_policy
 
-    policy = trust.policy(cache)
+    policy = open_with_policy(cache)[1]
     manifest = policy.sign(manifest)  # type: ignore[arg-type]
     if policy.required and manifest.signature is None:
         warn_once(cache, f"not storing {what} {manifest.key[:12]} in {cache.url}: verify keys are configured and no "

@@ -24,7 +24,6 @@ from precompile.artifact.record_manifest import (
     RecordManifest,
     is_record_doc,
 )
-from precompile.artifact import trust
 from precompile.errors import ArtifactFormatError, CacheError
 from precompile.store import refusals
 from precompile.store.cache_io import drop_ref, read_failed, read_manifest_doc, signed_for_store, write_failed
@@ -46,7 +45,9 @@ def read(cache: Cache, key: str, purpose: str) -> RecordManifest | None:
     Raises:
         TrustConfigError: a configured verify key cannot be read.
     """
-    policy = trust.policy(cache)
+    from precompile.store.opening import open_with_policy
+
+    cache, policy = open_with_policy(cache)
     digest: str | None = None
     try:
         read = read_manifest_doc(cache, key, policy, "record", max_bytes=MAX_MANIFEST_BYTES)
