@@ -16,7 +16,7 @@ there once every process is ready).  From GO each client, in its own thread:
   exist.  No torch is imported and nothing is loaded or run.  It is a copy of those reads, not a call:
   ``cache_io`` imports torch.  Left out: the ``PRECOMPILE_REQUIRE_NO_HOST_CODE`` branch (which reads fewer parts),
   the memo of refused entries (``precompile.store.refusals``) and dropping a damaged ref; a change to what
-  ``load_from_cache``, ``read_manifest_doc`` or ``part_bounds`` read belongs here too.
+  ``load_from_cache``, ``precompile.store.entries.read_entry`` or ``part_bounds`` read belongs here too.
 
 A key is a ``hit`` when all of that succeeded; ``absent`` (no ref), ``damaged`` (a part missing or corrupt, the
 manifest naming another key or not parsing) and ``untrusted`` (the signature refused) are what a worker would build
