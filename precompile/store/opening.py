@@ -125,21 +125,14 @@ def parse(url: str | Cache | Sequence[str] | None = None) -> Target:
         from_env = env is not None
         url = env or config.default_cache_url()
     try:
-        if isinstance(url, str):
-            split = [_split(t) for t in url.split("|")]
-            spec: str | list[str] = "|".join(t for t, _ in split)
-        elif isinstance(url, (list, tuple)):
-            split = [_split(t) if isinstance(t, str) else (t, {}) for t in url]
-            spec = [t for t, _ in split]
-        else:
-            raise CacheURLError(f"a cache URL must be a non-empty string such as 'file:///var/cache/precompile', "
-                                f"got {url!r}")
+        split = _split_all(url)
     except (CacheURLError, TrustConfigError) as err:
         if from_env:
             raise type(err)(f"PRECOMPILE_CACHE: {err}") from err
         raise
     tiers = tuple(options for _, options in split)
     keys, signer = _keys(tiers)
+    spec: str | list[str] = "|".join(t for t, _ in split) if isinstance(url, str) else [t for t, _ in split]
     return Target(spec if any(tiers) else url, tiers, keys, signer, from_env)
 
 
@@ -199,6 +192,21 @@ def refused_by_trust(cache: Cache, manifest: bytes) -> bool:
 
     policy = parse(cache).policy()
     return policy.required and not policy.check(loads_json(manifest, MAX_MANIFEST_BYTES, "manifest")).ok
+
+
+def _split_all(url: str | Sequence[str]) -> list[tuple[str, dict[str, str]]]:
+    """:func:`_split` of each tier of ``url`` (two joined by ``|``, or a list; a tier that is not a string is left
+    to the backend's opener, which refuses it).
+
+    Raises:
+        CacheURLError: ``url`` is not a string or a list; or as :func:`_split`.
+        TrustConfigError: as :func:`_split`.
+    """
+    if isinstance(url, str):
+        return [_split(t) for t in url.split("|")]
+    if isinstance(url, (list, tuple)):
+        return [_split(t) if isinstance(t, str) else (t, {}) for t in url]
+    raise CacheURLError(f"a cache URL must be a non-empty string such as 'file:///var/cache/precompile', got {url!r}")
 
 
 def _keys(tiers: Sequence[dict[str, str]]) -> tuple[tuple[str, ...], str | None]:
