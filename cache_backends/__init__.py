@@ -7,10 +7,10 @@ Schemes: ``file://DIR`` (:class:`cache_backends.local.cache.LocalCache`), ``redi
 (:class:`cache_backends.redis.cache.RedisCache`) and two URLs joined by ``|``
 (:class:`cache_backends.tiered.TieredCache`).
 
-May import: :mod:`precompile.errors` and :mod:`precompile.config` (the backends); the opener,
-:mod:`cache_backends.registry`, also the trust layer (:mod:`precompile.artifact.trust`), so it sits above the
-artifact layer and is imported on first use of :func:`open_cache` or :func:`register_backend`, not with this
-package (docs/architecture.md).
+May import: :mod:`precompile.errors` and :mod:`precompile.config`, nothing else of precompile (docs/architecture.md).
+The opener, :mod:`cache_backends.registry`, is imported on first use of :func:`open_cache` or
+:func:`register_backend`, not with this package.  A precompile cache URL's trust options and the default cache
+are precompile's (:mod:`precompile.store.opening`).
 """
 
 from __future__ import annotations

@@ -170,7 +170,6 @@ class Cache(ABC):
             redacted (:func:`cache_backends.redaction.redact_url`: passwords, ``ssl_password``, secret-looking
             options masked as ``***``), so it reopens the cache only where the URL carried no secret.
         read_only: True when every write raises :class:`CacheReadOnlyError`.
-        verify_keys, signing_key: trust options of the URL (set by :func:`cache_backends.registry.open_cache`).
     """
 
     @property
@@ -183,11 +182,6 @@ class Cache(ABC):
         self._shown_url = redact_url(value)
 
     read_only: bool = False
-    #: Public keys (``ed25519:<hex>`` or key files) from the URL's ``verify_keys=`` option; added to
-    #: ``PRECOMPILE_VERIFY_KEYS`` for loads from this cache (:func:`precompile.artifact.trust.policy`).
-    verify_keys: tuple[str, ...] = ()
-    #: Path of the private key from the URL's ``signing_key=`` option; stored manifests are signed with it.
-    signing_key: str | None = None
 
     # ----------------------------------------------------------------------------------------------- blobs
     @abstractmethod

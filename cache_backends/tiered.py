@@ -17,7 +17,8 @@ Opened from a list of URLs, or one string with the URLs separated by ``|`` (firs
   :class:`CacheUnavailableError` rather than report the blobs missing: "could not ask" is never taken for
   "not there", so a transient remote error never gets an intact artifact's ref dropped fleet-wide.
 - With verify keys configured (:mod:`precompile.artifact.trust`), a ref found only remotely is backfilled only if its
-  manifest's signature checks: an unsigned or badly signed entry never reaches the local tier.
+  manifest's signature checks (the :attr:`TieredCache.refuses` hook precompile's opener sets): an unsigned or badly
+  signed entry never reaches the local tier.
 - Build leases are the remote's; with the remote down, a build is a plain local build.  With a read-only remote
   (serving workers) a miss waits while another worker holds the lease, and builds locally otherwise.
 """
@@ -63,17 +64,19 @@ class TieredCache(Cache):
             usual (the artifact layer turns them into misses).
         remote: the far tier (usually a :class:`~cache_backends.redis.cache.RedisCache`).  Its errors never
             leave this class.
-        refuses: ``refuses(cache, manifest)`` is True when the verify keys configured for ``cache`` (this tiered
-            cache) refuse a manifest (its stored bytes): such a remote manifest is never backfilled.  The opener
-            passes :func:`cache_backends.registry.refused_by_trust`, so that backends never import the trust layer.
+        refuses: the initial :attr:`refuses` hook (default None).
 
     Attributes:
+        refuses: a hook a caller may set: ``refuses(cache, manifest)`` is True when a manifest read from the remote
+            (its stored bytes) must not be backfilled into the near tier (this cache as ``cache``); None refuses
+            nothing.  precompile's opener sets it to its signature check
+            (:func:`precompile.store.opening.refused_by_trust`), so that the backends never import the trust layer.
         remote_errors: remote failures seen by this process (also counted in the local tier's ``remote_errors``).
     """
 
-    def __init__(self, local: Cache, remote: Cache, *, refuses: Callable[[Cache, bytes], bool]):
+    def __init__(self, local: Cache, remote: Cache, *, refuses: Callable[[Cache, bytes], bool] | None = None):
         self.local = local
-        self._refuses = refuses
+        self.refuses = refuses
         self.remote = remote
         self.url = f"{local.url}|{remote.url}"
         self.read_only = local.read_only and remote.read_only
@@ -262,7 +265,7 @@ class TieredCache(Cache):
             sizes = manifest_sizes(manifest)  # type: ignore[arg-type]
         except ValueError:
             return
-        if self._refuses(self, manifest):  # type: ignore[arg-type]
+        if self.refuses is not None and self.refuses(self, manifest):  # type: ignore[arg-type]
             if len(self._held) >= 16:
                 self._held.clear()
             self._held[digest] = manifest  # type: ignore[assignment]

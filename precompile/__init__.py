@@ -24,7 +24,7 @@ _LAZY = {
     "load": "precompile.store.loading",
     "Artifact": "precompile.loader.artifact",
     "Manifest": "precompile.artifact.manifest",
-    "open_cache": "cache_backends.registry",
+    "open_cache": "precompile.store.opening",
     "backend": "precompile.build.capture",
 }
 _ERRORS = (
@@ -53,7 +53,7 @@ _LAZY.update({name: "precompile.errors" for name in _ERRORS})
 __all__ = sorted(_LAZY)
 
 if TYPE_CHECKING:  # pragma: no cover
-    from cache_backends.registry import open_cache
+    from precompile.store.opening import open_cache
     from precompile.artifact.manifest import Manifest
     from precompile.build.capture import backend
     from precompile.build.standalone import standalone_compile

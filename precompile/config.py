@@ -53,10 +53,14 @@ def default_cache_dir() -> Path:
     return Path(base) / "precompile"
 
 
+def cache_url_from_env() -> str | None:
+    """``$PRECOMPILE_CACHE`` (stripped), or None when it is unset or blank."""
+    return os.environ.get("PRECOMPILE_CACHE", "").strip() or None
+
+
 def default_cache_url() -> str:
     """``$PRECOMPILE_CACHE`` if set and non-empty, else ``file://`` + :func:`default_cache_dir`."""
-    url = os.environ.get("PRECOMPILE_CACHE", "").strip()
-    return url or "file://" + str(default_cache_dir())
+    return cache_url_from_env() or "file://" + str(default_cache_dir())
 
 
 def local_max_bytes() -> int:

@@ -33,13 +33,12 @@ TOOL_WINGS = frozenset({"bench", "profile", "cases", "gpu", "install"})
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("precompile.errors",),
     ("precompile.config", "precompile._version"),
-    ("cache_backends",),  # the backends; their opener, cache_backends.registry, is higher
+    ("cache_backends",),  # the backends and their opener: of precompile, only the two layers below
     ("precompile.metrics",),
     ("precompile.artifact",),
     ("precompile.inductor",),
     ("precompile.key",),
     ("precompile.loader",),
-    ("cache_backends.registry",),
     ("precompile.store",),
     ("precompile.build",),
     ("precompile.function",),
@@ -51,6 +50,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 )
 #: Entries of :data:`LAYERS` that name one module, not a package's: a new package must be given its own layer.
 EXACT = frozenset({"precompile", "precompile.__main__"})
+#: The modules of precompile that ``cache_backends`` may import (it knows URLs and backends only: no trust, no store).
+BACKENDS_MAY_IMPORT = frozenset({"precompile.errors", "precompile.config"})
 #: ``(package, module)``: a package's module-level ``__getattr__`` imports ``module`` to hand out a public name.
 LAZY_API = frozenset({("cache_backends", "cache_backends.registry")})
 #: The wings of ``precompile.inductor`` (its README), split by when their code runs, and the wings each may import;
@@ -268,6 +269,15 @@ def test_no_import_circles() -> None:
 def test_imports_run_downward_only() -> None:
     found = climbs(import_graph(parents=False))
     assert not found, "imports against the layer order of docs/architecture.md:\n" + "\n".join(found)
+
+
+def test_cache_backends_import_nothing_of_precompile_but_its_errors_and_config() -> None:
+    """The backends and their opener know URLs and backends only: a cache URL's trust options, the default cache and
+    the signature check a tiered cache calls are precompile's (precompile/store/opening.py), never imported here."""
+    graph = import_graph(parents=False)
+    found = sorted(f"{a} imports {b}" for a, targets in graph.items() if a.split(".")[0] == "cache_backends"
+                   for b in targets if b.split(".")[0] == "precompile" and b not in BACKENDS_MAY_IMPORT)
+    assert not found, "cache_backends imports precompile beyond its errors and config:\n" + "\n".join(found)
 
 
 def test_every_package_says_what_it_owns_and_may_import() -> None:

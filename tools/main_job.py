@@ -54,8 +54,8 @@ def _parse() -> argparse.Namespace:
 def _cache_url(args: argparse.Namespace) -> str:
     """The cache URL as given, checked by opening it here (and the cache made); not the cache's ``url``, whose
     secrets are masked: it would not reopen a cache behind a password."""
-    from cache_backends.registry import open_cache
     from precompile import config
+    from precompile.store.opening import open_cache
 
     open_cache(args.cache).close()
     return args.cache or config.default_cache_url()

@@ -16,7 +16,7 @@ was written under, so anyone who can write the cache can plant a self-consistent
   verify key of its own, so a builder never runs an entry it could not have signed itself.
 
 Each call resolves one :class:`Policy` at its start (:func:`resolve`), from the environment and from the cache or
-URL in hand, and applies it to every path it takes: ``precompile.load("a.pc", cache="file:///c?verify_keys=...")``
+URL in hand (:mod:`precompile.store.opening` reads a URL's options), and applies it to every path it takes: ``precompile.load("a.pc", cache="file:///c?verify_keys=...")``
 refuses an unsigned file as the cache would refuse an unsigned entry.
 
 The signature travels inside the manifest (its ``signature`` field), so it is stored, copied and exported with
@@ -49,7 +49,6 @@ from precompile.artifact.trust_keys import (  # the keys' API, re-exported: call
 if TYPE_CHECKING:  # pragma: no cover
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-    from cache_backends.base import Cache
     from precompile.artifact.manifest import Manifest
 
 __all__ = ["DOMAIN", "MAX_KEY_FILE_BYTES", "PUBLIC_PREFIX", "REASONS", "Policy", "Verdict", "describe",
@@ -179,16 +178,15 @@ def signed_message(doc: dict[str, Any]) -> bytes:
                                allow_nan=False).encode("ascii")
 
 
-def policy(cache: Cache | None = None) -> Policy:
-    """The policy of a call that works with ``cache``: the environment's settings (:mod:`precompile.config`) plus
-    the keys of ``cache``'s URL (``verify_keys=``, ``signing_key=``, checked when the cache was opened); see
-    :func:`resolve`.  A call that holds a URL, or nothing, rather than an open cache resolves it with
-    :func:`cache_backends.registry.policy_for`, which reads the same options from the URL without opening it.
+def policy() -> Policy:
+    """The policy of a call that holds no cache: the environment's settings (:mod:`precompile.config`); see
+    :func:`resolve`.  A call that works with a cache or a cache URL adds that URL's keys: it resolves its policy with
+    :func:`precompile.store.opening.open_with_policy` (or ``policy_for``, which reads the URL without opening it).
 
     Raises:
         TrustConfigError / ConfigError: as :func:`resolve`.
     """
-    return resolve(tuple(getattr(cache, "verify_keys", ()) or ()), getattr(cache, "signing_key", None))
+    return resolve()
 
 
 def resolve(url_keys: Sequence[str] = (), url_signer: str | None = None) -> Policy:

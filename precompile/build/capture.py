@@ -67,7 +67,7 @@ class Backend:
     records: list[GraphRecord] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        from cache_backends.registry import open_cache
+        from precompile.store.opening import open_cache
         from precompile.errors import CacheError, CacheURLError
 
         try:

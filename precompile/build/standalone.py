@@ -14,7 +14,6 @@ from cache_backends.base import Cache, digest_bytes
 from cache_backends.redaction import redact_url
 from precompile import config, metrics
 from precompile._version import __version__
-from precompile.artifact import trust
 from precompile.artifact.manifest import Manifest
 from precompile.errors import BuildError, CacheError, CacheURLError, PrecompileError
 from precompile.key import fingerprint, sdpa, symbolic
@@ -81,7 +80,7 @@ def standalone_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], 
         InputMismatchError: example inputs do not line up with the graph's placeholders.
         BuildError: Inductor failed; its exception is chained.
     """
-    from cache_backends.registry import open_cache
+    from precompile.store.opening import open_cache, open_with_policy
 
     config.engine_mode()  # a bad PRECOMPILE_ENGINE is the caller's error, not a failed load to rebuild over
     explain = config.explain_misses()
@@ -101,7 +100,7 @@ def standalone_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], 
             before_build()
         return build(norm, plan)
 
-    policy = trust.policy(c)
+    policy = open_with_policy(c)[1]  # the cache's URL keys and the environment's (one read of its URL)
 
     def load_stored() -> Artifact | None:
         start = time.perf_counter()

@@ -108,11 +108,10 @@ def open_existing(url: str | None):
         TrustConfigError: a verify or signing key setting (the environment's or the URL's) is wrong or names no key.
         CacheUnavailableError: the directory does not exist, or a tier does not answer.
     """
-    from cache_backends.registry import open_cache, probe
-    from precompile.artifact import trust
+    from cache_backends.registry import probe
+    from precompile.store.opening import open_with_policy
 
-    cache = open_cache(url, create=False)
-    trust.policy(cache)  # a key setting that is wrong fails every command, before it reads anything
+    cache, _ = open_with_policy(url, create=False)  # a key setting that is wrong fails every command, before a read
     probe(cache)
     return cache
 
@@ -125,11 +124,10 @@ def open_for_write(url: str | None):
         TrustConfigError: a verify or signing key setting (the environment's or the URL's) is wrong or names no key.
         CacheUnavailableError: a tier does not answer.
     """
-    from cache_backends.registry import open_cache, probe
-    from precompile.artifact import trust
+    from cache_backends.registry import probe
+    from precompile.store.opening import open_with_policy
 
-    cache = open_cache(url)
-    trust.policy(cache)
+    cache, _ = open_with_policy(url)
     probe(cache)
     return cache
 

@@ -19,9 +19,9 @@ from precompile.cli.group import main
 def inspect(target: str, cache_url: str | None, as_json: bool, show_wrapper: bool) -> None:
     """Show an artifact (by path, key or key prefix): parts, kernels, autotune picks, alignment, env, key factors.
     A malformed manifest is shown as far as it can be, and the command then fails (exit status 1)."""
-    from cache_backends.registry import policy_for
     from precompile.cli.inspect_view import show
     from precompile.store.lookup import open_target
+    from precompile.store.opening import policy_for
 
     policy = policy_for(cache_url)  # the URL's keys judge a path too; a wrong key setting fails before any read
     source = open_target(target, lambda: open_existing(cache_url))

@@ -110,7 +110,7 @@ class CompiledFunction:
         return out
 
     def _start(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        from cache_backends.registry import open_cache
+        from precompile.store.opening import open_cache
         from precompile.errors import CacheError, CacheURLError
         from precompile.store.coordination import get_or_build
 

@@ -244,7 +244,7 @@ def publish(manager: Any, filename: str, group: dict[str, str]) -> bool:
 
 def _open() -> Any:
     if not _cache:
-        from cache_backends.registry import open_cache
+        from precompile.store.opening import open_cache
 
         try:
             _cache.append(open_cache(None))

@@ -342,10 +342,10 @@ def check_trusted(bundle: CheckedBundle, cache: Cache) -> None:
         UntrustedArtifactError: an artifact of the bundle is unsigned, signed by another key, or changed since.
         TrustConfigError: a configured key cannot be read, or a key setting names no key.
     """
-    from precompile.artifact import trust
     from precompile.errors import UntrustedArtifactError
+    from precompile.store.opening import open_with_policy
 
-    policy = trust.policy(cache)
+    cache, policy = open_with_policy(cache)
     for key, doc in bundle.manifests.items():
         verdict = policy.check(doc)
         if not verdict.ok:

@@ -214,10 +214,10 @@ def rebuild_one(cache: Cache, key: str, *, force: bool = False, max_bytes: int |
         CacheUnavailableError: the cache cannot be read.
         ConfigError: a setting read here is malformed (a verify key, the graph allow-list, the bounds).
     """
-    from precompile.artifact import trust
+    from precompile.store.opening import open_with_policy
 
     start = time.perf_counter()
-    policy = trust.policy(cache)  # before anything is read: a key setting that names no key is an error
+    cache, policy = open_with_policy(cache)  # before anything is read: a key setting that names no key is an error
     config.graph_op_namespaces()  # likewise a malformed setting of the graph allow-list
     budget = config.rebuild_max_bytes() if max_bytes is None else max_bytes
     work = config.rebuild_max_flops() if max_flops is None else max_flops
@@ -359,10 +359,10 @@ def stale_keys(cache: Cache) -> list[str]:
         CacheUnavailableError: the cache cannot be read.
         TrustConfigError: a configured key cannot be read, or a key setting names no key.
     """
-    from precompile.artifact import trust
     from precompile.store.lookup import stored_manifests
+    from precompile.store.opening import open_with_policy
 
-    policy = trust.policy(cache)
+    cache, policy = open_with_policy(cache)
     here: dict[frozenset[str], dict[str, Any]] = {}
     out = []
     for key, m in stored_manifests(cache):

@@ -3,6 +3,7 @@
 A file or directory is read and every part checked against its digest (:mod:`precompile.artifact.formats`), its
 manifest's signature checked where verify keys are configured (:mod:`precompile.artifact.trust`), and its environment
 fingerprint compared with this process's; a key goes through :func:`precompile.store.cache_io.load_from_cache`.
+The cache URL is read once (:func:`precompile.store.opening.parse`): its keys judge a path too.
 """
 
 from __future__ import annotations
@@ -60,20 +61,21 @@ def load(path_or_key: str | os.PathLike[str], *, cache: str | Cache | None = Non
         EnvironmentMismatchError: the artifact was built for another torch/CPU ISA/GPU.
         TrustConfigError: (a ConfigError) a configured key cannot be read, or a key setting names no key.
     """
-    from cache_backends.registry import open_cache, policy_for
+    from precompile.store.opening import parse
 
     start = time.perf_counter()
     text = os.fspath(path_or_key)
     p = Path(text)
     # one policy for the whole call, whichever path it takes: keys in the cache URL protect a file too
-    policy = policy_for(cache)  # and a wrong key setting fails before anything is read
+    target = parse(cache)  # the URL read once: its keys now, the cache opened only for a key
+    policy = target.policy()  # and a wrong key setting fails before anything is read
     if p.exists():
         art = _load_path(p, policy)
     elif is_key_prefix(text):
         from precompile.errors import CacheError
         from precompile.store.cache_io import load_from_cache
 
-        c = open_cache(cache)
+        c = target.open()
         try:
             key = resolve_key(c, text)
         except CacheError as err:

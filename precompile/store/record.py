@@ -5,10 +5,10 @@ before it builds anything, and keeps the answer on the machine's disk only.  A r
 the fleet's cache; its manifest (:class:`~precompile.artifact.record_manifest.RecordManifest`, re-exported here)
 holds data only, and nothing in it is run, imported, unpickled or used as a path.
 
-:func:`read` and :func:`write` follow the policy of graph and function artifacts: the signature is checked first
-where verify keys are configured (an unsigned or badly signed record is a counted miss), then the structure and
-every length; a damaged record is a miss and its ref is dropped; a cache failure is a miss, logged once and
-counted, never raised.
+:func:`read` and :func:`write` go through the one entry store (:mod:`precompile.store.entries`), as graph and
+function artifacts do: the signature is checked first where verify keys are configured (an unsigned or badly signed
+record is a counted miss), then the structure and every length; a damaged record is a miss and its ref is dropped;
+a cache failure is a miss, logged once and counted, never raised.
 """
 
 from __future__ import annotations
@@ -24,10 +24,8 @@ from precompile.artifact.record_manifest import (
     RecordManifest,
     is_record_doc,
 )
-from precompile.artifact import trust
-from precompile.errors import ArtifactFormatError, CacheError
-from precompile.store import refusals
-from precompile.store.cache_io import drop_ref, read_failed, read_manifest_doc, signed_for_store, write_failed
+from precompile.errors import ArtifactFormatError
+from precompile.store import entries
 
 __all__ = ["KIND", "MAX_MANIFEST_BYTES", "MAX_RECORD_BYTES", "RecordManifest", "is_record_doc", "read", "record_key",
            "write"]
@@ -40,39 +38,38 @@ def record_key(factors: dict[str, Any]) -> str:
     return compute_key(factors)
 
 
+#: Records: a small manifest, bounded by its own cap.
+RECORD = entries.Kind("record", "record", RecordManifest.from_dict, max_bytes=MAX_MANIFEST_BYTES)
+
+
 def read(cache: Cache, key: str, purpose: str) -> RecordManifest | None:
-    """The verified record stored under ``key`` for ``purpose``, or None on a miss (module docstring).
+    """The verified record stored under ``key`` for ``purpose``, or None on a miss (module docstring), read through
+    :func:`precompile.store.entries.read_entry`.  A record of another purpose under ``key`` is dropped, not
+    remembered (the same bytes may be stored again for the right purpose).
 
     Raises:
         TrustConfigError: a configured verify key cannot be read.
     """
-    policy = trust.policy(cache)
-    digest: str | None = None
-    try:
-        read = read_manifest_doc(cache, key, policy, "record", max_bytes=MAX_MANIFEST_BYTES)
-        if read is None:
-            return None
-        digest, doc = read
-        record = RecordManifest.from_dict(doc)
+    from precompile.store.opening import open_with_policy
+
+    cache, policy = open_with_policy(cache)
+
+    def finish(entry: entries.Entry[RecordManifest]) -> RecordManifest:
+        record = entry.manifest
         try:
             rekeyed = record_key(record.factors)
         except (TypeError, ValueError) as err:
             raise ArtifactFormatError(f"record factors cannot be encoded: {err}") from err
         if record.key != key or record.purpose != purpose or rekeyed != key:
-            drop_ref(cache, key, "its manifest names another key or purpose", "record", digest=digest)
-            return None
-    except ArtifactFormatError as err:
-        refusals.remember(key, digest, refusals.context(cache, policy), str(err), "damaged")
-        drop_ref(cache, key, str(err), "record", digest=digest)
-        return None
-    except CacheError as err:
-        read_failed(cache, "record", key, err)
-        return None
-    return record
+            raise entries.Damaged("its manifest names another key or purpose")
+        return record
+
+    return entries.read_entry(cache, key, RECORD, policy, finish)
 
 
 def write(cache: Cache, record: RecordManifest) -> RecordManifest | None:
-    """Store ``record`` (signed where a signing key is configured), manifest blob then ref.
+    """Store ``record`` (signed where a signing key is configured), manifest blob then ref
+    (:func:`precompile.store.entries.write_entry`).
 
     Returns:
         the stored record, or None when the cache refused: read-only, unavailable, or verify keys set without a
@@ -85,16 +82,5 @@ def write(cache: Cache, record: RecordManifest) -> RecordManifest | None:
     """
     if len(json.dumps(record.data, allow_nan=False)) > MAX_RECORD_BYTES:
         raise ValueError(f"record data is over {MAX_RECORD_BYTES} bytes")
-    signed = signed_for_store(cache, record, "record")
-    if signed is None:
-        return None
-    raw = signed.to_json()
-    if len(raw) > MAX_MANIFEST_BYTES:
-        raise ValueError(f"the record's manifest is {len(raw)} bytes, over {MAX_MANIFEST_BYTES}")
-    try:
-        cache.set_ref(signed.key, cache.put_blob(raw))
-        return signed
-    except CacheError as err:
-        write_failed(cache, "record", signed.key, err)
-        return None
-
+    written = entries.write_entry(cache, record, RECORD, max_bytes=MAX_MANIFEST_BYTES)
+    return written[0] if written is not None else None

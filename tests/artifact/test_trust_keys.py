@@ -136,7 +136,7 @@ def test_a_cache_url_key_option_that_names_no_key_is_a_config_error(query, where
     a, b = f"file://{tmp_path / 'near'}", f"file://{tmp_path / 'far'}"
     url = {"plain": f"{a}?{q}", "near tier": f"{a}?{q}|{b}", "far tier": f"{a}|{b}?{q}"}[where]
     with pytest.raises(TrustConfigError, match=r"(verify_keys|signing_key)= of cache URL file://") as info:
-        open_cache(url)
+        precompile.open_cache(url)
     assert isinstance(info.value, ConfigError)
     with pytest.raises(ConfigError):
         precompile.load("ab" * 32, cache=url)

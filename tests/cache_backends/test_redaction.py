@@ -68,7 +68,7 @@ def test_every_option_of_every_backend_is_classified():
 
     from cache_backends.local.url import URL_OPTIONS as LOCAL
     from cache_backends.redis.url import URL_OPTIONS as REDIS
-    from cache_backends.registry import TRUST_OPTIONS
+    from precompile.store.opening import TRUST_OPTIONS
 
     known = redaction.PUBLIC_OPTIONS | redaction.PATH_OPTIONS | redaction.SECRET_OPTIONS
     assert set(LOCAL) | set(REDIS) | set(URL_QUERY_ARGUMENT_PARSERS) | set(TRUST_OPTIONS) <= known

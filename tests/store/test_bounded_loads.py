@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 from _probe import assert_refused, probe, zstd_bomb
 
-from cache_backends import open_cache
 from cache_backends.local.cache import LocalCache
 from cache_backends.redis.codec import MAGIC
 from precompile.artifact import trust
+from precompile.store.opening import open_with_policy
 
 GiB = 1 << 30
 LOAD_PROBE = """
@@ -99,11 +99,11 @@ def test_a_redis_manifest_inflating_to_1_gib_is_a_bounded_miss_and_is_rebuilt(ar
         pub = trust.generate_key(tmp_path / "builder.pem")
         url = redis_server.url(signing_key=str(tmp_path / "builder.pem"))
         env = {"PRECOMPILE_VERIFY_KEYS": pub}
-    cache = open_cache(url)
+    cache, policy = open_with_policy(url)
     src = LocalCache(artifacts.cache_dir)
     for d in c.art.manifest.blobs:
         cache.put_blob(src.get_blob(d), d)
-    stored = trust.policy(cache).sign(c.art.manifest)
+    stored = policy.sign(c.art.manifest)
     digest = cache.put_blob(stored.to_json())
     cache.set_ref(c.art.key, digest)
     marker = tmp_path / "marker"

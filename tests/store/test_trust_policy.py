@@ -9,9 +9,9 @@ from conftest import assert_same_output
 from test_security import copy_of, keys  # noqa: F401 - the keys fixture
 
 import precompile
-from cache_backends.registry import policy_for
 from precompile.artifact import trust
 from precompile.errors import CacheURLError, TrustConfigError, UntrustedArtifactError
+from precompile.store.opening import policy_for
 
 
 @pytest.fixture

@@ -208,7 +208,7 @@ class PrecompileAdaptor(shim.compiler_interface_base()):  # type: ignore[misc]
     def _open(self) -> None:
         if self._opened:
             return
-        from cache_backends.registry import open_cache
+        from precompile.store.opening import open_cache
         from precompile.errors import CacheError
 
         self._opened = True

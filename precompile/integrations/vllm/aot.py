@@ -143,7 +143,7 @@ def aot_factors(model: Any, entry: str) -> dict[str, Any]:
 
 
 def _cache() -> Any:
-    from cache_backends.registry import open_cache
+    from precompile.store.opening import open_cache
     from precompile.errors import CacheError
 
     try:

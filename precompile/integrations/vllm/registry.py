@@ -229,7 +229,7 @@ def publish(entry: Any, mi: Any, module_hash: str) -> bool:
 
 
 def _cache() -> Any:
-    from cache_backends.registry import open_cache
+    from precompile.store.opening import open_cache
 
     try:
         return open_cache(None)

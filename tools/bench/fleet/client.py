@@ -8,7 +8,7 @@ Usage (started by :mod:`tools.bench.fleet.fetchonly`)::
 ``C`` threads, one client each (client ``I``, ``I+1``...), wait for ``GO`` (the parent writes its ``time.time()``
 there once every process is ready).  From GO each client, in its own thread:
 
-- opens the cache once (``open_cache(URL)``: its own Redis client and connections, as a worker's process has);
+- opens the cache once (``open_with_policy(URL)``: its own Redis client and connections, as a worker's process has);
 - for each key, in the order ``i, i+1, ... (mod K)``, does what ``precompile.store.cache_io.load_from_cache``
   does before a load: reads the ref, the manifest (at most ``MAX_MANIFEST_BYTES``), checks its signature with the
   trust policy (``PRECOMPILE_VERIFY_KEYS``), parses it (``Manifest.from_dict``: structure and names), reads and
@@ -16,7 +16,7 @@ there once every process is ready).  From GO each client, in its own thread:
   exist.  No torch is imported and nothing is loaded or run.  It is a copy of those reads, not a call:
   ``cache_io`` imports torch.  Left out: the ``PRECOMPILE_REQUIRE_NO_HOST_CODE`` branch (which reads fewer parts),
   the memo of refused entries (``precompile.store.refusals``) and dropping a damaged ref; a change to what
-  ``load_from_cache``, ``read_manifest_doc`` or ``part_bounds`` read belongs here too.
+  ``load_from_cache``, ``precompile.store.entries.read_entry`` or ``part_bounds`` read belongs here too.
 
 A key is a ``hit`` when all of that succeeded; ``absent`` (no ref), ``damaged`` (a part missing or corrupt, the
 manifest naming another key or not parsing) and ``untrusted`` (the signature refused) are what a worker would build
@@ -101,16 +101,14 @@ class Client(threading.Thread):
         self.report: dict = {"client": index, "outcomes": {}, "bytes": 0, "errors": [], "timeouts": 0}
 
     def run(self) -> None:
-        from cache_backends import open_cache
-        from precompile.artifact import trust
         from precompile.errors import CacheError
+        from precompile.store.opening import open_with_policy
 
         self.go.wait()
         outcomes: Counter[str] = Counter()
         r = self.report
         try:
-            self.cache = open_cache(self.url)
-            policy = trust.policy(self.cache)
+            self.cache, policy = open_with_policy(self.url)
             r["open_s"] = time.time() - self.go_at[0]
             for key in self.order:
                 try:
@@ -159,6 +157,7 @@ def main(argv=None) -> int:
     # imported before GO, as a worker's imports are (the opener and the trust check: their first use imports them)
     import cache_backends.redis.cache  # noqa: F401
     import cache_backends.registry  # noqa: F401
+    import precompile.store.opening  # noqa: F401
     import precompile.artifact.manifest  # noqa: F401
     from precompile.artifact import trust
 
