@@ -20,12 +20,12 @@ from precompile._version import __version__
 _LAZY = {
     "compile": "precompile.function.compiled",
     "CompiledFunction": "precompile.function.compiled",
-    "standalone_compile": "precompile.build.standalone",
+    "standalone_compile": "precompile.builder.standalone",
     "load": "precompile.store.loading",
     "Artifact": "precompile.loader.artifact",
     "Manifest": "precompile.artifact.manifest",
     "open_cache": "precompile.store.opening",
-    "backend": "precompile.build.capture",
+    "backend": "precompile.builder.capture",
 }
 _ERRORS = (
     "PrecompileError",
@@ -55,8 +55,8 @@ __all__ = sorted(_LAZY)
 if TYPE_CHECKING:  # pragma: no cover
     from precompile.store.opening import open_cache
     from precompile.artifact.manifest import Manifest
-    from precompile.build.capture import backend
-    from precompile.build.standalone import standalone_compile
+    from precompile.builder.capture import backend
+    from precompile.builder.standalone import standalone_compile
     from precompile.errors import *  # noqa: F403
     from precompile.function.compiled import CompiledFunction, compile  # noqa: A004
     from precompile.loader.artifact import Artifact

@@ -7,7 +7,7 @@ Inductor CPU compile costs a few seconds.
 Graph kinds (:func:`graph`):
 
 - ``"dynamo"``: the graph a ``torch.compile`` backend receives (parameters lifted to placeholders, passed as
-  inputs), via :func:`precompile.build.capture.capture_graphs`.
+  inputs), via :func:`precompile.builder.capture.capture_graphs`.
 - ``"make_fx"``: ``make_fx`` of a function taking the parameters as positional inputs (``functional_call``).
 - ``"export"``: ``torch.export.export(model, (x,)).module()``: weights are ``get_attr`` reads, so the artifact
   binds them and takes only ``x``.
@@ -42,7 +42,7 @@ def example(batch: int = BATCH, d: int = D, dtype: torch.dtype = torch.float32, 
 
 
 def dynamo_graph(model: torch.nn.Module, x: torch.Tensor) -> tuple[torch.fx.GraphModule, list[Any]]:
-    from precompile.build.capture import capture_graphs
+    from precompile.builder.capture import capture_graphs
 
     graphs = capture_graphs(model, (x,))
     assert len(graphs) == 1, f"expected one Dynamo graph, got {len(graphs)}"
@@ -84,7 +84,7 @@ def graph(kind: str, model: torch.nn.Module | None = None,
 
 def key(gm: torch.fx.GraphModule, inputs: list[Any], **kwargs: Any) -> str:
     """The artifact key ``standalone_compile`` would use, computed without compiling."""
-    from precompile.build.standalone import prepare
+    from precompile.builder.standalone import prepare
 
     kwargs.setdefault("dynamic_shapes", "from_example_inputs")
     kwargs.setdefault("options", None)

@@ -40,7 +40,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("precompile.key",),
     ("precompile.loader",),
     ("precompile.store",),
-    ("precompile.build",),
+    ("precompile.builder",),
     ("precompile.function",),
     ("precompile.recipes",),
     ("precompile.ops",),

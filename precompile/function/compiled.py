@@ -55,7 +55,7 @@ class CompiledFunction:
         not_stored: on a build, why the function could not be stored whole (stored as refused then), else None.
         load_seconds: wall seconds of the lookup and install on a hit, or of the first traced call on a miss.
         graphs: ``{compiled-graph name: graph artifact key}``.
-        records: one :class:`precompile.build.capture.GraphRecord` per graph compiled or loaded by this function.
+        records: one :class:`precompile.builder.capture.GraphRecord` per graph compiled or loaded by this function.
         retraces: calls traced after the first because the stored guards refused them.
     """
 
@@ -164,7 +164,7 @@ class CompiledFunction:
         why = sources.changed(m.sources)
         if why is not None:
             return self._miss(why, "source_changed")
-        from precompile.build.capture import GraphRecord
+        from precompile.builder.capture import GraphRecord
 
         loaded: dict[str, Any] = {}
         records = []
@@ -216,7 +216,7 @@ class CompiledFunction:
     # ---------------------------------------------------------------------------------------- a build
     def _graph_backend_for(self) -> Any:
         if self._graph_backend is None:
-            from precompile.build.capture import Backend
+            from precompile.builder.capture import Backend
 
             self._graph_backend = Backend(cache=self._cache, options=self._options or None)
         return self._graph_backend

@@ -7,7 +7,7 @@
 
 None of them imports vLLM at import time: each works (and is tested) where vLLM is not installed.
 
-May import: precompile's packages below the command line (:mod:`precompile.function`, :mod:`precompile.build`,
+May import: precompile's packages below the command line (:mod:`precompile.function`, :mod:`precompile.builder`,
 :mod:`precompile.store` and what they stand on), never :mod:`precompile.cli` or the public API module
 (docs/architecture.md).
 """

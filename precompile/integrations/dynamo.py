@@ -4,7 +4,7 @@ Registered through the ``torch_dynamo_backends`` entry point, so any code that h
 ``torch.compile`` can use precompile without importing it: vLLM does in its ``DYNAMO_TRACE_ONCE`` and
 ``STOCK_TORCH_COMPILE`` modes (``compilation_config={"mode": "DYNAMO_TRACE_ONCE", "backend": "precompile"}``).
 Each graph Dynamo captures is loaded from ``$PRECOMPILE_CACHE`` or built into it
-(:class:`precompile.build.capture.Backend`); a graph with symbolic sizes (vLLM's ``num_tokens``, or
+(:class:`precompile.builder.capture.Backend`); a graph with symbolic sizes (vLLM's ``num_tokens``, or
 ``dynamic=True``) is compiled with ``dynamic_shapes="from_graph"``, so one artifact serves every size,
 a graph without them with ``"from_example_inputs"``.
 
@@ -55,7 +55,7 @@ def precompile_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], *, o
         ValueError: ``mode`` is another ``torch.compile`` mode (pass Inductor options instead).
         OptionsError: ``options`` names no Inductor option or holds a value a key cannot store.
     """
-    from precompile.build.capture import Backend
+    from precompile.builder.capture import Backend
 
     if mode not in (None, "default"):
         raise ValueError(f"the 'precompile' backend takes no torch.compile mode ({mode!r}); pass Inductor options, "
@@ -80,5 +80,5 @@ def precompile_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], *, o
 
 
 def records() -> list[Any]:
-    """Every :class:`precompile.build.capture.GraphRecord` of this process's named-backend graphs, in no fixed order."""
+    """Every :class:`precompile.builder.capture.GraphRecord` of this process's named-backend graphs, in no fixed order."""
     return [r for b in _BACKENDS.values() for r in b.records]

@@ -243,7 +243,7 @@ def rebuild_one(cache: Cache, key: str, *, force: bool = False, max_bytes: int |
 def _rebuild(cache: Cache, key: str, force: bool, policy: Any, budget: int, work: int, done: Any) -> Outcome:
     """:func:`rebuild_one` within its bounds; raises what it does not make an outcome itself."""
     from precompile.artifact import trust
-    from precompile.build.standalone import Plan, build, compute_key
+    from precompile.builder.standalone import Plan, build, compute_key
     from precompile.key.graph import NormalizedGraph, Placeholder, canonical_graph, canonical_json, graph_from_json
     from precompile.store.cache_io import store
 

@@ -4,7 +4,7 @@ Each job is one (recipe, shape) pair.  Across machines the job list is split int
 ``--shard I/N``, or a Kubernetes Indexed Job's ``JOB_COMPLETION_INDEX`` with the completion count in
 ``JOB_COMPLETIONS`` (:func:`shard_from_env`).  Shards that run at once into one Redis build each key once: a
 graph two shards share is built under one lease (:mod:`precompile.store.coordination`).  A job builds the model,
-captures its graphs with Dynamo through :class:`precompile.build.capture.Backend` (the way vLLM does) and so loads or
+captures its graphs with Dynamo through :class:`precompile.builder.capture.Backend` (the way vLLM does) and so loads or
 builds each graph's artifact.  Jobs run in ``jobs`` spawned processes; results come back as plain dicts for the
 summary table.
 """

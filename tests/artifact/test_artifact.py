@@ -18,7 +18,7 @@ from conftest import assert_same_output, spawn_python
 import precompile
 from cache_backends.local.cache import LocalCache
 from precompile.artifact.manifest import Manifest
-from precompile.build.standalone import compute_key
+from precompile.builder.standalone import compute_key
 
 HEX = set("0123456789abcdef")
 

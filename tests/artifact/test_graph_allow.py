@@ -63,7 +63,7 @@ def test_real_graphs_round_trip():
 
 
 def _capture(model, inputs):
-    from precompile.build.capture import capture_graphs
+    from precompile.builder.capture import capture_graphs
 
     [graph] = capture_graphs(model, inputs)
     return graph

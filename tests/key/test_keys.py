@@ -1,5 +1,5 @@
 """Artifact keys: stable across processes and machines' incidental state, different for anything that changes
-the compiled code.  Keys are computed with ``precompile.build.standalone.prepare`` (no Inductor compile), so this file
+the compiled code.  Keys are computed with ``precompile.builder.standalone.prepare`` (no Inductor compile), so this file
 is cheap: its cost is the fresh processes (import torch + trace the graphs, a few seconds each).
 """
 

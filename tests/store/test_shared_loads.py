@@ -16,7 +16,7 @@ import torch
 
 import _graphs
 from precompile.artifact.trust import Policy
-from precompile.build.standalone import standalone_compile
+from precompile.builder.standalone import standalone_compile
 from precompile.store import shared
 
 

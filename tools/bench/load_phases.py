@@ -53,7 +53,7 @@ def _first(out):
 
 def _graph(a: argparse.Namespace):
     """The model's one Dynamo graph, its example inputs and the Inductor options, as every build phase uses."""
-    from precompile.build.capture import capture_graphs
+    from precompile.builder.capture import capture_graphs
     from precompile.recipes.catalog import get_recipe, parse_shapes
 
     recipe = get_recipe(a.model, config=a.config, device=a.device, dtype=a.dtype)

@@ -232,7 +232,7 @@ class PrecompileAdaptor(shim.compiler_interface_base()):  # type: ignore[misc]
 
     def _get(self, graph: torch.fx.GraphModule, example_inputs: list[Any], options: dict[str, Any],
              compile_range: tuple[int, int], key_extra: dict[str, Any], *, runnable: bool) -> Any:
-        from precompile.build.standalone import standalone_compile
+        from precompile.builder.standalone import standalone_compile
 
         self._open()
         single = compile_range[0] == compile_range[1]

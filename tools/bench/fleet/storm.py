@@ -42,7 +42,7 @@ def worker_env(wdir: Path) -> dict[str, str]:
 def warm_bytecode(work: Path) -> None:
     """Import what a worker imports, and compile this checkout's modules, with ``PYTHONDONTWRITEBYTECODE`` unset:
     the ``.pyc`` files are written once here, so that no worker compiles source at its start."""
-    code = ("import compileall, torch, precompile, tools.bench.fleet.worker as w; import precompile.build.standalone; "
+    code = ("import compileall, torch, precompile, tools.bench.fleet.worker as w; import precompile.builder.standalone; "
             "w.graph(0); compileall.compile_dir('precompile', quiet=1); compileall.compile_dir('cache_backends', "
             "quiet=1); compileall.compile_dir('tools', quiet=1)")
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=worker_env(work / "warm"), check=True)

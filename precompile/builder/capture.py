@@ -79,7 +79,7 @@ class Backend:
             self.cache = None
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]):
-        from precompile.build.standalone import standalone_compile
+        from precompile.builder.standalone import standalone_compile
         from precompile.errors import ConfigError, InputMismatchError, OptionsError, PrecompileError
 
         start = time.perf_counter()
