@@ -70,7 +70,7 @@ STAMP = r"(\d\d):(\d\d):(\d\d)\.(\d{3}) INFO \[[^\]]*\] "
 WARM_START = re.compile(STAMP + r"Warming up model for the compilation")
 #: vLLM's own split of its compile phase: Dynamo (or its AOT load of Dynamo's output), then the backend's pieces.
 DYNAMO_TIME = re.compile(r"Dynamo bytecode transform time: ([\d.]+) s")
-RANGE_TIME = re.compile(r"Compiling a graph for compile range \S+ takes ([\d.]+) s")
+RANGE_TIME = re.compile(r"Compiling a graph for compile range .*? takes ([\d.]+) s")
 WARM_DONE = re.compile(STAMP + r"Warming up done")
 BACKEND = {"compilation_config": {"backend": "precompile"}}
 FLIPPED = {"cuda": {"compilation_config": {"backend": "precompile", "pass_config": {"eliminate_noops": False}}},
