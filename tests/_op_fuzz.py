@@ -30,6 +30,8 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch._inductor.inductor_prims  # noqa: F401 - registers prims::inductor_* (a rebuild's compile imports it)
+import torch._prims  # noqa: F401 - registers the prims:: operators
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -134,7 +136,8 @@ def _values(dtype: str, n: int, kind: str) -> torch.Tensor:
 
 
 def overloads(shard: int, shards: int) -> list[str]:
-    """This shard's share of every admitted operator's overloads (``aten::mm.default``), in a fixed order."""
+    """This shard's share of every admitted operator's overloads the dispatcher holds (``aten::mm.default``), in a
+    fixed order (a TorchScript-only operator, such as ``aten::element_size``, has none: no stored graph can call it)."""
     out = []
     for qualified in sorted(op_list.admitted()):
         packet = op_list._packet(qualified)

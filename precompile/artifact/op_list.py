@@ -69,7 +69,7 @@ TENSOR_METHODS: dict[str, str] = {
     "aten::element_size": "a query", "aten::is_same_size": "a query", "aten::requires_grad_": "an autograd flag",
     "aten::cpu": "a copy to the CPU", "aten::cuda": "a copy to a GPU", "aten::allclose": "compares broadcast operands",
     "aten::masked_select": "the mask is broadcast-checked against self", "aten::nonzero_static": "size is checked",
-"aten::fill_diagonal_": "fills self's diagonal through a checked view",
+    "aten::fill_diagonal_": "fills self's diagonal through a checked view",
     "aten::unsafe_chunk": "chunk with checked sizes (see SAFE_UNSAFE)", "aten::dropout_": "as aten::dropout",
     "aten::alpha_dropout": "as aten::dropout", "aten::feature_dropout": "as aten::dropout",
     "aten::feature_alpha_dropout": "as aten::dropout",

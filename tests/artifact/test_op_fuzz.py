@@ -23,6 +23,27 @@ SHARDS = 2
 EXAMPLES = 4000
 
 
+def _dispatchable() -> set[str]:
+    """The admitted operators with an overload in the dispatcher's table: all but TorchScript-only ones, which a
+    stored graph cannot call (``aten::element_size``: on the list for the tensor method of its name)."""
+    import torch
+    import torch._inductor.inductor_prims  # noqa: F401 - registers prims::inductor_*
+    import torch._prims  # noqa: F401
+
+    def registered(name: str) -> bool:
+        for overload in torch._C._jit_get_operation(name)[1] or [""]:
+            try:
+                torch._C._dispatch_find_schema_or_throw(name, overload)
+                return True
+            except RuntimeError:
+                continue
+        return False
+
+    found = {n for n in op_list.admitted() if registered(n)}
+    assert len(found) > 0.95 * len(op_list.admitted())
+    return found
+
+
 def _last_run(stdout: str) -> str:
     runs = [line for line in stdout.splitlines() if line.startswith("RUN ")]
     return runs[-1] if runs else "(before the first operator)"
@@ -45,7 +66,7 @@ def test_every_admitted_operator_stays_inside_its_inputs_with_extreme_arguments(
     violations = [v for r in reports for v in r["violations"]]
     assert not violations, "\n".join(violations[:20])
     covered = set().union(*(r["covered"] for r in reports))
-    assert covered == set(op_list.admitted()), sorted(set(op_list.admitted()) ^ covered)[:20]
+    assert covered == _dispatchable(), sorted(_dispatchable() ^ covered)[:20]
     tally = {k: sum(r["tally"][k] for r in reports) for k in reports[0]["tally"]}
     ran = set().union(*(r["ran_ops"] for r in reports))
     print(tally, f"{len(ran)} of {len(covered)} operators ran at least once")
