@@ -146,3 +146,10 @@ def test_the_guard_runs_a_higher_order_operators_subgraphs_under_itself():
         assert torch.equal(gm(torch.ones(3)), torch.ones(3).sin())
     with OpGuard(), pytest.raises(OpRefusedError, match="_reshape_alias"):
         gm(-torch.ones(3))
+    from torch.nn.attention.flex_attention import flex_attention  # its score_mod runs under vmap
+
+    q = torch.randn(1, 2, 8, 4)
+    gm = make_fx(lambda q: flex_attention(q, q, q, score_mod=lambda s, b, h, i, j: s + (i - j)))(q)
+    with OpGuard():
+        got = gm(q)
+    torch.testing.assert_close(got, gm(q), rtol=0, atol=0)
