@@ -7,8 +7,9 @@ stored name is looked up by an attribute walk.  Each target is found in a fixed 
 torch's operator registry:
 
 - ``{"op": "ns::name.overload"}`` and ``{"oppacket": "ns::name"}``: an operator the dispatcher has registered
-  (looked up by qualified name in its table, ``torch._C._dispatch_find_schema_or_throw``), in ``aten`` or ``prims``,
-  in a custom-op namespace registered in this process (``torch.library`` in Python, ``TORCH_LIBRARY`` in C++: vLLM's
+  (looked up by qualified name in its table, ``torch._C._dispatch_find_schema_or_throw``), in ``aten`` or ``prims``
+  where it is on the list of operators known to check their arguments (:mod:`precompile.artifact.op_list`: no
+  ``*_unsafe`` constructor, ``_reshape_alias``, ``set_``, sparse or nested constructor), in a custom-op namespace registered in this process (``torch.library`` in Python, ``TORCH_LIBRARY`` in C++: vLLM's
   ``vllm`` and ``_C``), or in one of torch's own other namespaces named by ``PRECOMPILE_GRAPH_OP_NAMESPACES``.  Only
   then is it fetched: the namespace object from ``torch.ops``' instance dict (never ``getattr`` on ``torch.ops`` or its
   class), then ``getattr`` on that namespace and its packet, every name an identifier without a leading ``__``.  An
@@ -16,11 +17,14 @@ torch's operator registry:
   refused.
 - ``{"hop": name}``: the higher-order operators of :data:`HIGHER_ORDER`, which call only the graph's own sub-graphs.
 - ``{"fn": "module:qualname"}``: the table :func:`functions` (size arithmetic from ``operator``, ``math`` and
-  ``torch.sym_*``; torch's Python bindings of ATen operators and ``torch.nn.functional``, which Dynamo graphs call;
+  ``torch.sym_*``; torch's Python bindings of the ATen operators on that list and ``torch.nn.functional``, which Dynamo graphs call;
   the grad-mode and autocast switches and the few other callables Dynamo keeps in a graph), each looked up by the
   whole stored string.
 - ``call_method``: :data:`METHODS`, the public ``torch.Tensor`` methods, none a dunder, less those that reach past the
-  tensor (storages, hooks, shared memory, NumPy).
+  tensor (storages, hooks, shared memory, NumPy) and those named as an ATen operator that is not on the list.
+
+What the Python functions and methods call inside is checked when the graph runs, by the same list
+(:mod:`precompile.artifact.op_guard`, around ``precompile rebuild``'s eager run).
 - ``builtins.getattr`` (Dynamo's ``x.T``, ``x.real``): only the tensor attributes of :data:`TENSOR_ATTRIBUTES`.
 
 Anything else is an :class:`~precompile.errors.ArtifactFormatError` naming the node and the target.
@@ -42,6 +46,7 @@ from typing import Any
 import torch
 
 from precompile import config
+from precompile.artifact import op_list
 from precompile.artifact.names import ascii_identifier
 from precompile.errors import ArtifactFormatError
 
@@ -124,7 +129,8 @@ def lookup_op(qualified: Any, overload: str | None, where: str) -> Any:
     Raises:
         ArtifactFormatError: naming ``where`` (the node): a malformed name, a namespace that is neither ``aten``,
             ``prims``, a registered custom-op namespace nor one the setting names, an operator or overload the
-            dispatcher does not hold, or one whose schema takes a storage or a file name.
+            dispatcher does not hold, one whose schema takes a storage or a file name, or an ``aten``/``prims``
+            operator that is not on :mod:`precompile.artifact.op_list`'s list (the message says why).
         ConfigError: ``PRECOMPILE_GRAPH_OP_NAMESPACES`` is malformed.
     """
     what = f"{qualified}" + (f".{overload}" if overload is not None else "")
@@ -144,6 +150,9 @@ def lookup_op(qualified: Any, overload: str | None, where: str) -> Any:
         why = _schema_refusal(qualified, ov)
         if why:
             raise ArtifactFormatError(f"{where} calls {what!r:.120}, which a stored graph may not call: {why}")
+    if ns in ("aten", "prims") and not op_list.is_admitted(qualified):
+        why = op_list.denial(qualified) or "it is not on the list of operators known to check their arguments"
+        raise ArtifactFormatError(f"{where} calls {what!r:.120}, which a stored graph may not call: {why}")
     # the namespace object from torch.ops' own dict (never getattr on torch.ops, whose class has import_module and
     # load_library), made the way torch.ops makes one on first use
     namespace = vars(torch.ops).get(ns) or type(torch.ops).__getattr__(torch.ops, ns)
@@ -203,7 +212,8 @@ IN_GRAPH: tuple[tuple[Any, str], ...] = (
     # ``x.data`` (variables/tensor.py's ``method_attr_data``; vLLM's pieces hold it)
     (torch, "Size"), (torch._C, "_log_api_usage_once"), (torch._C._autograd, "_get_data_attr"))
 #: Modules of torch's generated Python bindings of ATen operators (``torch.relu``, ``torch._C._nn.linear``...): a
-#: name there is allowed where ATen registers an operator of that name (with no storage or file argument).
+#: name there is allowed where ATen registers an operator of that name (with no storage or file argument) that is
+#: on :mod:`precompile.artifact.op_list`'s list.
 BINDINGS = (("torch", torch._C._VariableFunctions), ("torch._C._nn", torch._C._nn),
             ("torch._C._fft", torch._C._fft), ("torch._C._linalg", torch._C._linalg),
             ("torch._C._special", torch._C._special))
@@ -246,9 +256,10 @@ def functions() -> dict[str, Callable[..., Any]]:
 
 
 def _aten_binding(name: str) -> bool:
-    """Whether ``aten::<name>`` is a registered operator none of whose overloads takes a storage or a file name."""
+    """Whether ``aten::<name>`` is a registered operator on the list, none of whose overloads takes a storage or a
+    file name."""
     overloads = _overloads(f"aten::{name}")
-    return any(_registered(f"aten::{name}", ov) for ov in overloads) and all(
+    return op_list.is_admitted(f"aten::{name}") and any(_registered(f"aten::{name}", ov) for ov in overloads) and all(
         _schema_refusal(f"aten::{name}", ov) is None for ov in overloads)
 
 
@@ -277,14 +288,16 @@ METHODS_REFUSED = frozenset({
 
 def _tensor_methods() -> frozenset[str]:
     return frozenset(n for n in dir(torch.Tensor) if not n.startswith("_") and n not in METHODS_REFUSED
-                     and callable(inspect.getattr_static(torch.Tensor, n, None)))
+                     and callable(inspect.getattr_static(torch.Tensor, n, None))
+                     and (not _overloads(f"aten::{n}") or op_list.is_admitted(f"aten::{n}")))
 
 
 #: Method names a ``call_method`` node may name.  Dynamo emits ``call_method`` for a tensor method a model calls
 #: (``TensorVariable.call_method``'s generic case, torch/_dynamo/variables/tensor.py, plus the ``view_as``, ``type``,
 #: ``requires_grad_`` and ``detach_`` it writes itself); AOTAutograd and make_fx emit none (their graphs call ATen
 #: overloads, torch/fx/experimental/proxy_tensor.py).  So: the public methods of ``torch.Tensor``, no dunder, less
-#: :data:`METHODS_REFUSED`.
+#: :data:`METHODS_REFUSED`, less those named as an ATen operator that is not on :mod:`precompile.artifact.op_list`'s
+#: list (``to_sparse``, ``indices``, ``sparse_resize_``...).
 METHODS = _tensor_methods()
 
 #: Attributes ``builtins.getattr(tensor, name)`` may read: the tensor properties Dynamo reads through a graph node

@@ -11,8 +11,12 @@ and stores the result under its new key: the key this environment computes for t
 and ambient state, so a process here compiling the same model hits it.
 
 The stored graph is data: it comes back through the allow-list of :mod:`precompile.artifact.graph_allow` (ATen,
-prims and registered custom operators by qualified name, torch's own tensor functions and size arithmetic, public
-tensor methods; nothing stored is imported), and a graph naming anything else is refused.  The stored options are
+prims and registered custom operators by qualified name, the ATen ones only from :mod:`precompile.artifact.op_list`'s
+list of operators that check their arguments, torch's own tensor functions and size arithmetic, public tensor
+methods; nothing stored is imported), and a graph naming anything else is refused.  It runs eagerly first, under
+:class:`~precompile.artifact.op_guard.OpGuard`, so that what its Python functions reach passes the same list (an
+operator off it is a refusal) and a graph that fails ATen's own checks on these inputs fails before Inductor
+compiles and runs it (Inductor's code checks less than ATen's kernels).  The stored options are
 data too (:mod:`precompile.inductor.stored_options`): one outside its domain (``cpp.march`` that is not an
 architecture name, a path, a program) is refused, logged, and left at this machine's default.
 
@@ -53,6 +57,7 @@ from cache_backends.bounded import MAX_MANIFEST_BYTES, loads_json
 from precompile import config
 from precompile.artifact.graph_json import DEVICE_TYPES
 from precompile.artifact.manifest import Manifest
+from precompile.artifact.op_guard import OpGuard, OpRefusedError
 from precompile.errors import ArtifactFormatError, CacheUnavailableError, PrecompileError
 from precompile.key import fingerprint, sdpa
 from precompile.ops import rebuild_bounds
@@ -331,12 +336,15 @@ def _rebuild(cache: Cache, key: str, force: bool, policy: Any, budget: int, work
                     fake_values=[None] * len(inputs), compile_inputs=inputs, run_inputs=inputs,
                     dynamic_shapes="from_example_inputs")
         try:
+            want_inputs = [x.detach().clone() if isinstance(x, torch.Tensor) else x for x in inputs]
+            with OpGuard():  # eagerly first, every operator checked (op_guard), before Inductor runs any of it
+                want = gm(*want_inputs)
             shim.record_example_values(gm, inputs)
             art = build(norm, plan)
-            want_inputs = [x.detach().clone() if isinstance(x, torch.Tensor) else x for x in inputs]
             got_inputs = [x.detach().clone() if isinstance(x, torch.Tensor) else x for x in inputs]
-            want = gm(*want_inputs)
             got = art.engine(*got_inputs)
+        except OpRefusedError as err:
+            return done("refused", f"its stored graph is refused: {err}", new_key)
         except Exception as err:  # noqa: BLE001 - a failed rebuild is an outcome of this artifact, not of the run
             log.debug("rebuild of %s failed", key[:12], exc_info=True)
             return done("failed", f"{type(err).__name__}: {err}", new_key)
