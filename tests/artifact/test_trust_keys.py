@@ -206,7 +206,9 @@ FRESH_LOAD = textwrap.dedent("""
 @pytest.mark.parametrize("case", ["comma", "empty", "comments only", "/dev/null", "fifo", "signing blank"])
 def test_a_worker_with_an_empty_key_setting_never_runs_a_planted_entry(case, artifacts, tmp_path):
     """A fresh worker process with the setting in its environment: the planted unsigned entry is never run, and
-    the outcome is a ConfigError within 10 s (a FIFO key file never hangs it)."""
+    the outcome is a ConfigError, and the process ends (a FIFO key file never hangs it: opened, it would block
+    forever).  The limit is generous, for a loaded CI machine: the process's own start (importing torch) is not what
+    the test checks."""
     c = artifacts("make_fx")
     marker = tmp_path / "marker"
     doc, blobs = evil_wrapper(c.art, marker)
@@ -214,7 +216,7 @@ def test_a_worker_with_an_empty_key_setting_never_runs_a_planted_entry(case, art
     plant(open_cache(url), c.art.key, doc, blobs)
     settings = {**empty_settings(tmp_path), **_not_regular(tmp_path)}
     env = {"PRECOMPILE_SIGNING_KEY": " "} if case == "signing blank" else {"PRECOMPILE_VERIFY_KEYS": settings[case]}
-    out = run_python(FRESH_LOAD, c.art.key, url, env=env, timeout=10)
+    out = run_python(FRESH_LOAD, c.art.key, url, env=env, timeout=180)
     report = json.loads(out.strip().splitlines()[-1])
     assert report["outcome"] == "ConfigError", report
     assert not marker.exists(), "the planted wrapper ran"
