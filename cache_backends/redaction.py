@@ -17,7 +17,7 @@ What is shown, and why (each secret becomes ``***``):
 - a query option's value only where the option is in :data:`PUBLIC_OPTIONS` (checked one by one: numbers, flags,
   names, paths) and its name does not look like a secret's (:data:`SECRET_NAME`), or is one of
   :data:`KEY_NAMING` (``verify_keys`` holds public keys or key files; ``ssl_keyfile``, ``ssl_certfile`` name
-  files); ``signing_key`` (a private key's *path*, :func:`precompile.artifact.trust_keys.load_signing_key`) is shown
+  files); ``signing_key`` (a private key's *path*, :func:`precompile.manifest.trust_keys.load_signing_key`) is shown
   only when its value looks like a path, since an inline key is the secret itself.  Every other option's value is
   masked: an unknown option is an error anyway, which names the option; its value may be a secret under a misspelt
   name.  A query item without ``=`` that is not an option's name is masked whole.

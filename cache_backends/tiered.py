@@ -16,7 +16,7 @@ Opened from a list of URLs, or one string with the URLs separated by ``|`` (firs
   local tier cannot answer a blob read or existence check by itself and the remote fails, the call raises
   :class:`CacheUnavailableError` rather than report the blobs missing: "could not ask" is never taken for
   "not there", so a transient remote error never gets an intact artifact's ref dropped fleet-wide.
-- With verify keys configured (:mod:`precompile.artifact.trust`), a ref found only remotely is backfilled only if its
+- With verify keys configured (:mod:`precompile.manifest.trust`), a ref found only remotely is backfilled only if its
   manifest's signature checks (the :attr:`TieredCache.refuses` hook precompile's opener sets): an unsigned or badly
   signed entry never reaches the local tier.
 - Build leases are the remote's; with the remote down, a build is a plain local build.  With a read-only remote

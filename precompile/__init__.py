@@ -23,7 +23,7 @@ _LAZY = {
     "standalone_compile": "precompile.builder.standalone",
     "load": "precompile.store.loading",
     "Artifact": "precompile.loader.artifact",
-    "Manifest": "precompile.artifact.manifest",
+    "Manifest": "precompile.manifest.manifest",
     "open_cache": "precompile.store.opening",
     "backend": "precompile.builder.capture",
 }
@@ -54,7 +54,7 @@ __all__ = sorted(_LAZY)
 
 if TYPE_CHECKING:  # pragma: no cover
     from precompile.store.opening import open_cache
-    from precompile.artifact.manifest import Manifest
+    from precompile.manifest.manifest import Manifest
     from precompile.builder.capture import backend
     from precompile.builder.standalone import standalone_compile
     from precompile.errors import *  # noqa: F403

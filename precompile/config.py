@@ -16,7 +16,7 @@ temporary directory by setting the environment before the call.
 | ``PRECOMPILE_EXPLAIN`` | ``1``: on a miss, ``standalone_compile`` logs the closest stored artifact and the factors that differ (reads every stored manifest: for debugging) | ``0`` |
 | ``PRECOMPILE_SIGNING_KEY`` | builders: path of the Ed25519 private key (PEM) every stored or saved manifest is signed with; its public key is trusted too | unset: nothing signed (set but blank: an error) |
 | ``PRECOMPILE_METRICS_PORT`` | TCP port (1-65535) on which a process serves its Prometheus metrics (``/metrics``, all interfaces), from its first recorded lookup or load (:func:`precompile.metrics.serve_configured`) | unset: no endpoint |
-| ``PRECOMPILE_GRAPH_OP_NAMESPACES`` | comma-separated operator namespaces a stored FX graph may call besides ``aten``, ``prims`` and the custom-op namespaces registered in the process (e.g. ``_c10d_functional``); see ``precompile.artifact.graph_allow`` | unset: none |
+| ``PRECOMPILE_GRAPH_OP_NAMESPACES`` | comma-separated operator namespaces a stored FX graph may call besides ``aten``, ``prims`` and the custom-op namespaces registered in the process (e.g. ``_c10d_functional``); see ``precompile.manifest.graph_allow`` | unset: none |
 | ``PRECOMPILE_REBUILD_MAX_BYTES`` | bytes ``precompile rebuild`` may hold for one artifact's inputs, intermediates, outputs and their copies, estimated before anything is allocated (``precompile.ops.rebuild_bounds``); more is the outcome ``refused`` | a quarter of this machine's memory (its cgroup's limit where lower), at most 4 GiB |
 | ``PRECOMPILE_REBUILD_MAX_FLOPS`` | work one run of a rebuilt graph may do, counted on fake tensors before it runs: floating-point operations (``torch.utils.flop_counter``) plus every element an operator reads or writes; more is ``refused`` | 10**13 |
 | ``PRECOMPILE_VERIFY_KEYS`` | serving workers: comma-separated Ed25519 public keys (``ed25519:<64 hex>``, or files of them / PEM); set, only artifacts signed by one of them load | unset: nothing checked (set, it must name a key: ``""``, ``","`` or an empty key file is an error) |
@@ -27,7 +27,7 @@ warmup's workers and the vLLM adaptor.
 A variable that holds a value precompile does not accept is a :class:`~precompile.errors.ConfigError` naming the
 variable, never a silent default.
 
-The keys are parsed once per distinct value (:mod:`precompile.artifact.trust`); a cache URL may add its own
+The keys are parsed once per distinct value (:mod:`precompile.manifest.trust`); a cache URL may add its own
 (``verify_keys=``, ``signing_key=``).
 """
 
@@ -256,7 +256,7 @@ def metrics_port() -> int | None:
 
 def graph_op_namespaces() -> frozenset[str]:
     """``PRECOMPILE_GRAPH_OP_NAMESPACES``: operator namespaces a stored FX graph may call besides ``aten``,
-    ``prims`` and the custom-op namespaces registered in this process (:mod:`precompile.artifact.graph_allow`);
+    ``prims`` and the custom-op namespaces registered in this process (:mod:`precompile.manifest.graph_allow`);
     empty when unset.
 
     Raises:
@@ -290,7 +290,7 @@ def signing_key_path() -> str | None:
 
 def verify_keys_text() -> str | None:
     """``PRECOMPILE_VERIFY_KEYS`` as given (comma-separated keys or key files), or None when it is unset; parsed by
-    :func:`precompile.artifact.trust.parse_verify_keys`, for which a value that is set but names no key (``""``,
+    :func:`precompile.manifest.trust.parse_verify_keys`, for which a value that is set but names no key (``""``,
     ``","``) is an error."""
     return os.environ.get("PRECOMPILE_VERIFY_KEYS")
 

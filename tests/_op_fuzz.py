@@ -1,5 +1,5 @@
-"""The fuzz of the operators a stored FX graph may call (precompile.artifact.op_list), for
-tests/artifact/test_op_fuzz.py: stored-graph documents (graph_json's format) calling admitted operators with extreme
+"""The fuzz of the operators a stored FX graph may call (precompile.manifest.op_list), for
+tests/manifest/test_op_fuzz.py: stored-graph documents (graph_json's format) calling admitted operators with extreme
 ints (0, -1, 2**31, 2**62, -2**63...), NaN and infinite floats, indices just past and far past their tensor,
 empty, 0-d, expanded (stride 0) and odd-dtype tensors, decoded through ``graph_from_json`` and run eagerly under
 the guard (``OpGuard``), node by node (each printed before it runs: a crash names it).
@@ -35,9 +35,9 @@ import torch._prims  # noqa: F401 - registers the prims:: operators
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from precompile.artifact import op_list
-from precompile.artifact.graph_json import graph_from_json
-from precompile.artifact.op_guard import OpGuard, OpRefusedError
+from precompile.manifest import op_list
+from precompile.manifest.graph_json import graph_from_json
+from precompile.manifest.op_guard import OpGuard, OpRefusedError
 
 MEMORY_MIB = 2048
 ALARM_S = 30

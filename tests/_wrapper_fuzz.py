@@ -1,4 +1,4 @@
-"""Hostile wrapper graphs (precompile.artifact.wrapper.graph) for the fuzz tests: random node sequences over the whole
+"""Hostile wrapper graphs (precompile.manifest.wrapper.graph) for the fuzz tests: random node sequences over the whole
 allow-list and over targets outside it, with random sizes, strides, offsets and placeholders, built and run on
 tensors whose storages sit between guard regions.
 
@@ -21,9 +21,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from precompile.artifact.wrapper import ops as wrapper_ops
-from precompile.artifact.wrapper.codegen import build
-from precompile.artifact.wrapper.ops import WrapperGraphError
+from precompile.manifest.wrapper import ops as wrapper_ops
+from precompile.manifest.wrapper.codegen import build
+from precompile.manifest.wrapper.ops import WrapperGraphError
 
 #: The guards' float32 bit patterns: quiet NaNs with payloads no ATen op makes, one per arena (so that memory an
 #: earlier graph's arena left behind, which a fresh allocation may show, never holds the current one).

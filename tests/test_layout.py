@@ -35,7 +35,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("precompile.config", "precompile._version"),
     ("cache_backends",),  # the backends and their opener: of precompile, only the two layers below
     ("precompile.metrics",),
-    ("precompile.artifact",),
+    ("precompile.manifest",),
     ("precompile.inductor",),
     ("precompile.key",),
     ("precompile.loader",),

@@ -238,7 +238,7 @@ class Worker:
 
 
 def test_a_workers_scrape_holds_every_metric_the_dashboard_and_the_rules_query(tmp_path):
-    from precompile.artifact import trust
+    from precompile.manifest import trust
 
     public = trust.generate_key(tmp_path / "builder.pem")  # the workers trust only this key; nothing is signed
     cache = f"file://{tmp_path / 'c'}"

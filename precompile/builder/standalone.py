@@ -14,7 +14,7 @@ from cache_backends.base import Cache, digest_bytes
 from cache_backends.redaction import redact_url
 from precompile import config, metrics
 from precompile._version import __version__
-from precompile.artifact.manifest import Manifest
+from precompile.manifest.manifest import Manifest
 from precompile.errors import BuildError, CacheError, CacheURLError, PrecompileError
 from precompile.key import fingerprint, sdpa, symbolic
 from precompile.key.graph import NormalizedGraph, canonical_json, readable_code

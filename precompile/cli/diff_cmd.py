@@ -32,7 +32,7 @@ def diff(a: str, b: str | None, cache_url: str | None, count: int, as_json: bool
     would have missed)."""
     from rich.text import Text
 
-    from precompile.artifact import trust
+    from precompile.manifest import trust
     from precompile.store.diff import compare, function_status, nearest
     from precompile.store.lookup import open_target, stored_manifests
 

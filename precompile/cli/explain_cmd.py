@@ -27,7 +27,7 @@ def explain(target: str, cache_url: str | None, from_url: str | None, as_json: b
     machine) is or would be a miss in the cache: whether its key is stored there and, if not, the closest stored
     artifact and the factors that differ.  PRECOMPILE_EXPLAIN=1 makes every miss of standalone_compile log the
     same line."""
-    from precompile.artifact import trust
+    from precompile.manifest import trust
     from precompile.store.diff import explain_miss, nearest
     from precompile.store.lookup import open_target, stored_manifests
 

@@ -11,7 +11,7 @@ from precompile.cli.common import console, human_bytes, plain, table
 def show_function(m: dict[str, Any], where: str, signature: str) -> None:
     """Print a (checked) whole-function manifest readably: what it is, the graphs its bytecode calls (by graph
     artifact key), each source with its hash and whether it still matches here, each frame's guards, and the key
-    factors.  ``signature`` is the line :func:`precompile.artifact.trust.describe` wrote.  Stored values are printed
+    factors.  ``signature`` is the line :func:`precompile.manifest.trust.describe` wrote.  Stored values are printed
     as plain text, never markup."""
     from rich.text import Text
 

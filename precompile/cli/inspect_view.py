@@ -14,7 +14,7 @@ from precompile.errors import ArtifactFormatError, PrecompileError
 def show(source: Any, *, wrapper: bool = False, summary: bool = True, policy: Any = None) -> None:
     """Print ``source`` (a :class:`precompile.store.lookup.Source`): a graph artifact, a whole-function artifact, a
     record, or (``wrapper``) its wrapper graph; with ``summary`` False only check it (``inspect --json``).  Its
-    signature is judged under ``policy`` (the command's :class:`~precompile.artifact.trust.Policy`; default: the
+    signature is judged under ``policy`` (the command's :class:`~precompile.manifest.trust.Policy`; default: the
     environment's).
 
     Raises:
@@ -22,7 +22,7 @@ def show(source: Any, *, wrapper: bool = False, summary: bool = True, policy: An
         ArtifactFormatError: the manifest is malformed (:attr:`Source.problem`, or a field a view reads has a shape
             no check foresaw); what could be shown was printed first.
     """
-    from precompile.artifact import trust
+    from precompile.manifest import trust
 
     pol = policy or trust.policy()  # a wrong key setting is an error here too, before anything is shown
     m, where = source.manifest, source.where
@@ -55,7 +55,7 @@ def _show_malformed(source: Any, pol: Any) -> None:
     """What can be said of a malformed manifest: where it is, why it is malformed, its signature, its fields."""
     from rich.text import Text
 
-    from precompile.artifact import trust
+    from precompile.manifest import trust
 
     con = console()
     con.print(Text.assemble(("artifact", "bold"), " ", plain(source.key), " (from ", plain(source.where), ")"))

@@ -12,7 +12,7 @@ MAX_GRAPH_BYTES = 64 << 20
 
 
 def show_wrapper_graph(source: Any, m: dict[str, Any]) -> None:
-    """Print ``m``'s wrapper graph (:func:`precompile.artifact.wrapper.text.describe`) and its kernels' launch records,
+    """Print ``m``'s wrapper graph (:func:`precompile.manifest.wrapper.text.describe`) and its kernels' launch records,
     or why the artifact has none.  The graph and records are checked before anything is printed.
 
     Raises:
@@ -21,7 +21,7 @@ def show_wrapper_graph(source: Any, m: dict[str, Any]) -> None:
     import click
 
     from cache_backends.bounded import loads_json
-    from precompile.artifact.wrapper.text import describe
+    from precompile.manifest.wrapper.text import describe
     from precompile.inductor.load.cuda_runtime import read_launch
 
     con = console()

@@ -8,7 +8,7 @@ it traced through, each with a hash — so that a warm start traces nothing (:fu
 Modules: :mod:`~precompile.function.key` (the key, computed before tracing), :mod:`~precompile.function.sources`
 (the source check), :mod:`~precompile.function.store` (verified reads, signed writes) and
 :mod:`~precompile.function.compiled` (``precompile.compile``).  The manifest and its checks are
-:mod:`precompile.artifact.function_manifest`; Dynamo's own package machinery is reached through
+:mod:`precompile.manifest.function_manifest`; Dynamo's own package machinery is reached through
 :mod:`precompile.inductor.dynamo.pkg` only.
 
 May import: :mod:`precompile.builder` (each graph is compiled through it) and everything below it

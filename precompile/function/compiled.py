@@ -29,7 +29,7 @@ from cache_backends.base import Cache, digest_bytes
 from cache_backends.redaction import redact_url
 from precompile import config, metrics
 from precompile._version import __version__
-from precompile.artifact.function_manifest import MAX_TEXT, FunctionManifest
+from precompile.manifest.function_manifest import MAX_TEXT, FunctionManifest
 from precompile.function import key as fkey
 from precompile.function import modes, sources, store
 from precompile.metrics import safe_incr

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from precompile import config
-from precompile.artifact.function_manifest import KIND
+from precompile.manifest.function_manifest import KIND
 from precompile.key import fingerprint
 from precompile.key.ambient import ambient_state
 from precompile.key.graph import canonical_json

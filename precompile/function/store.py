@@ -3,7 +3,7 @@
 Read and written through the one entry store (:mod:`precompile.store.entries`), as graph artifacts and records
 are: the manifest's signature is checked first where
 verify keys are configured (an unsigned or badly signed entry is a counted miss, nothing of it read further), then
-its structure, every name and every length (:class:`~precompile.artifact.function_manifest.FunctionManifest`), then the
+its structure, every name and every length (:class:`~precompile.manifest.function_manifest.FunctionManifest`), then the
 Dynamo part's digest.  Only then may :func:`precompile.inductor.dynamo.pkg.restore` unpickle it.  A damaged entry
 is a miss and its ref is dropped; a cache failure is a miss, logged once and counted, never raised.
 """
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cache_backends.base import MISS, Cache, digest_bytes
-from precompile.artifact.function_manifest import FunctionManifest
+from precompile.manifest.function_manifest import FunctionManifest
 from precompile.errors import CacheError
 from precompile.store import entries
 

@@ -15,7 +15,7 @@ Private APIs are reached through :mod:`.shim`, except in :mod:`.dynamo`, which s
 classes (README.md lists what it uses).  Submodules are imported on use: a fast load imports only modules of
 :mod:`.load` and the load-side functions of :mod:`.shim`, never :mod:`.build` nor ``torch._inductor``.
 
-May import: :mod:`precompile.artifact` (names, the wrapper graph), :mod:`precompile.metrics`,
+May import: :mod:`precompile.manifest` (names, the wrapper graph), :mod:`precompile.metrics`,
 :mod:`precompile.config` and :mod:`precompile.errors`; nothing that decides keys, stores or loads
 (docs/architecture.md).  Within it: the root imports only the root, :mod:`.load` the root, :mod:`.build` the root
 and :mod:`.load`, :mod:`.dynamo` the root (tests/test_layout.py).

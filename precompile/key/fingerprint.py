@@ -25,7 +25,7 @@ import torch
 from precompile.errors import EnvironmentMismatchError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from precompile.artifact.manifest import Manifest
+    from precompile.manifest.manifest import Manifest
 
 KEY_FIELDS_ALWAYS = ("torch", "torch_git", "python", "machine", "cpu_capability")
 KEY_FIELDS_CUDA = ("cuda", "triton", "gpu_name", "gpu_capability")

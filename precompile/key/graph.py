@@ -6,7 +6,7 @@ inputs and outputs, tensor attributes lifted to leading placeholders (:class:`Pl
 module's own tensors.
 
 The JSON serialized form of a graph, its canonical form and digest encoding live in
-:mod:`precompile.artifact.graph_json`; they are re-exported here (``GRAPH_SCHEMA``, :func:`graph_to_json`,
+:mod:`precompile.manifest.graph_json`; they are re-exported here (``GRAPH_SCHEMA``, :func:`graph_to_json`,
 :func:`graph_from_json`, :func:`canonical_graph`, :func:`canonical_json`).
 """
 
@@ -22,7 +22,7 @@ import torch.fx
 from torch.fx.graph import CodeGen, _PyTreeCodeGen
 from torch.utils import _pytree as pytree
 
-from precompile.artifact.graph_json import (
+from precompile.manifest.graph_json import (
     GRAPH_SCHEMA,
     _resolve_attr,
     canonical_graph,

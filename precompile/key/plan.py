@@ -28,7 +28,7 @@ class Plan:
 
     Attributes:
         key: the artifact key (64 hex).
-        factors: what the key hashes (see :class:`~precompile.artifact.manifest.Manifest`).
+        factors: what the key hashes (see :class:`~precompile.manifest.manifest.Manifest`).
         specs: one input spec per placeholder.
         graph_json: the serialized graph.
         options: normalized Inductor config patches.

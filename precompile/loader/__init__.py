@@ -6,7 +6,7 @@ fast path where the manifest offers one, else the portable path) and the checks 
 ``loader``, not ``load``: ``precompile.load`` is the public function, and a subpackage of that name would
 replace it as an attribute of ``precompile`` once imported.)
 
-May import: :mod:`precompile.key`, :mod:`precompile.inductor`, :mod:`precompile.artifact`,
+May import: :mod:`precompile.key`, :mod:`precompile.inductor`, :mod:`precompile.manifest`,
 :mod:`precompile.metrics`, the backends (not their opener), :mod:`precompile.config` and :mod:`precompile.errors`
 (docs/architecture.md).
 """

@@ -1,6 +1,6 @@
 """The compiled artifact: a callable with a manifest, saved as one file or a readable directory, or cached.
 
-Loading by path or key is in :mod:`precompile.store.loading`, file formats in :mod:`precompile.artifact.formats`, cache
+Loading by path or key is in :mod:`precompile.store.loading`, file formats in :mod:`precompile.manifest.formats`, cache
 reads and writes in :mod:`precompile.store.cache_io`, the engine (fast or portable) in :mod:`precompile.loader.engine`,
 input checks in :mod:`precompile.loader.inputs`.
 """
@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from cache_backends.base import Cache
-from precompile.artifact.manifest import Manifest
+from precompile.manifest.manifest import Manifest
 from precompile.errors import ArtifactFormatError, ArtifactNotFoundError, InputMismatchError
 from precompile.loader.inputs import CallChecks, size_at
 
@@ -35,7 +35,7 @@ class Artifact:
 
     Attributes:
         key: the artifact key (64 hex chars).
-        manifest: the parsed :class:`~precompile.artifact.manifest.Manifest`.
+        manifest: the parsed :class:`~precompile.manifest.manifest.Manifest`.
         source: where it came from: ``"compiled"``, ``"cache"``, or the path it was loaded from.
         load_seconds: seconds the load took (0.0 for a fresh compile).
         outcome: how ``standalone_compile`` got it: ``"hit"``, ``"built"``, ``"waited"`` or ``"takeover"``
@@ -47,7 +47,7 @@ class Artifact:
             (:class:`precompile.inductor.load.prime.Primer`: calls ``done`` and ``failed``, its ``seconds``), or None
             (``PRECOMPILE_PRIME`` off, or nothing to replay).
         no_host_code: whether the engine must be the wrapper graph (no host code runs), as the trust policy of the
-            load that made it says (:class:`precompile.artifact.trust.Policy`); None: ``PRECOMPILE_REQUIRE_NO_HOST_CODE``
+            load that made it says (:class:`precompile.manifest.trust.Policy`); None: ``PRECOMPILE_REQUIRE_NO_HOST_CODE``
             is read when the engine is built.
 
     Raises (on construction):
@@ -334,7 +334,7 @@ class Artifact:
         Returns:
             the path written.
 
-        With ``PRECOMPILE_SIGNING_KEY`` set, an unsigned manifest is signed first (:mod:`precompile.artifact.trust`).
+        With ``PRECOMPILE_SIGNING_KEY`` set, an unsigned manifest is signed first (:mod:`precompile.manifest.trust`).
 
         Raises:
             ValueError: ``format`` is neither ``"binary"`` nor ``"unpacked"``.
@@ -346,7 +346,7 @@ class Artifact:
             TrustConfigError: a signing or verify key setting is wrong or names no key (nothing is written).
             OSError: the file system refused the write.
         """
-        from precompile.artifact import formats, trust
+        from precompile.manifest import formats, trust
 
         path = Path(path)
         if format == "binary" and not path.parent.is_dir():

@@ -34,7 +34,7 @@ class InputCheck:
 
     @classmethod
     def from_spec(cls, spec: dict[str, Any]) -> InputCheck:
-        """The check for one placeholder spec (see :class:`~precompile.artifact.manifest.Manifest`).
+        """The check for one placeholder spec (see :class:`~precompile.manifest.manifest.Manifest`).
 
         Raises:
             ArtifactFormatError: the spec names a dtype torch does not have.

@@ -30,7 +30,7 @@ from typing import IO, Any
 
 from cache_backends.base import HEX64, MISS, Cache, decompress_frame, digest_bytes
 from cache_backends.bounded import MAX_BLOB_BYTES, MAX_MANIFEST_BYTES, frame_bound, loads_json, open_regular, read_exact
-from precompile.artifact.output import check_output, replacing
+from precompile.manifest.output import check_output, replacing
 from precompile.errors import (ArtifactFormatError, ArtifactNotFoundError, InputLimitError, NotAnArtifactPathError,
                                NotRegularFileError)
 from precompile.ops.bundle_json import digests_in, manifest_key, required_parts
@@ -109,7 +109,7 @@ def export(cache: Cache, keys: list[str], path: str | os.PathLike[str]) -> Expor
     Raises:
         ArtifactNotFoundError: a key is not stored or is incomplete (nothing is written).
         OutputPathError: ``path`` names a directory, a device, a FIFO, a socket or a symlink (nothing is written
-            or replaced: :mod:`precompile.artifact.output`).
+            or replaced: :mod:`precompile.manifest.output`).
         FileNotFoundError: the directory of ``path`` does not exist.
         CacheUnavailableError: the cache cannot be read.
         OSError: the file cannot be written.

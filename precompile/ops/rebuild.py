@@ -10,11 +10,11 @@ compiled outputs (and the inputs the graph writes to) against the rebuilt graph 
 and stores the result under its new key: the key this environment computes for the same graph, inputs, options
 and ambient state, so a process here compiling the same model hits it.
 
-The stored graph is data: it comes back through the allow-list of :mod:`precompile.artifact.graph_allow` (ATen,
-prims and registered custom operators by qualified name, the ATen ones only from :mod:`precompile.artifact.op_list`'s
+The stored graph is data: it comes back through the allow-list of :mod:`precompile.manifest.graph_allow` (ATen,
+prims and registered custom operators by qualified name, the ATen ones only from :mod:`precompile.manifest.op_list`'s
 list of operators that check their arguments, torch's own tensor functions and size arithmetic, public tensor
 methods; nothing stored is imported), and a graph naming anything else is refused.  It runs eagerly first, under
-:class:`~precompile.artifact.op_guard.OpGuard`, so that what its Python functions reach passes the same list (an
+:class:`~precompile.manifest.op_guard.OpGuard`, so that what its Python functions reach passes the same list (an
 operator off it is a refusal) and a graph that fails ATen's own checks on these inputs fails before Inductor
 compiles and runs it (Inductor's code checks less than ATen's kernels).  The stored options are
 data too (:mod:`precompile.inductor.stored_options`): one outside its domain (``cpp.march`` that is not an
@@ -26,9 +26,9 @@ default a quarter of this machine's memory, at most 4 GiB) that the stored graph
 (summed from their specs, every size and stride an int from 0 to 2**62) and then the peak of a run on fake tensors
 (intermediates by storage, the copies and comparisons a rebuild makes) must fit, and by a work bound
 (``PRECOMPILE_REBUILD_MAX_FLOPS``, ``--max-flops``; default 10**13) on that run's floating-point operations and
-elements touched.  The graph's size arithmetic runs through :mod:`precompile.artifact.size_math` in that run (ints
+elements touched.  The graph's size arithmetic runs through :mod:`precompile.manifest.size_math` in that run (ints
 within 64 bits, ``pow`` and ``<<`` checked before they compute, sequences of at most 65,536 items), and its literals
-are bounded when it is read (:func:`precompile.artifact.graph_json.decode_arg`).  A rebuild's peak memory is then
+are bounded when it is read (:func:`precompile.manifest.graph_json.decode_arg`).  A rebuild's peak memory is then
 within the budget plus a fixed overhead (torch, Inductor, the compiler), and its time within what the work bound and
 the graph's size allow.
 
@@ -55,9 +55,9 @@ import torch
 from cache_backends.base import MISS, Cache, digest_bytes
 from cache_backends.bounded import MAX_MANIFEST_BYTES, loads_json
 from precompile import config
-from precompile.artifact.graph_json import DEVICE_TYPES
-from precompile.artifact.manifest import Manifest
-from precompile.artifact.op_guard import OpGuard, OpRefusedError
+from precompile.manifest.graph_json import DEVICE_TYPES
+from precompile.manifest.manifest import Manifest
+from precompile.manifest.op_guard import OpGuard, OpRefusedError
 from precompile.errors import ArtifactFormatError, CacheUnavailableError, PrecompileError
 from precompile.key import fingerprint, sdpa
 from precompile.ops import rebuild_bounds
@@ -247,7 +247,7 @@ def rebuild_one(cache: Cache, key: str, *, force: bool = False, max_bytes: int |
 
 def _rebuild(cache: Cache, key: str, force: bool, policy: Any, budget: int, work: int, done: Any) -> Outcome:
     """:func:`rebuild_one` within its bounds; raises what it does not make an outcome itself."""
-    from precompile.artifact import trust
+    from precompile.manifest import trust
     from precompile.builder.standalone import Plan, build, compute_key
     from precompile.key.graph import NormalizedGraph, Placeholder, canonical_graph, canonical_json, graph_from_json
     from precompile.store.cache_io import store
@@ -257,8 +257,8 @@ def _rebuild(cache: Cache, key: str, force: bool, policy: Any, budget: int, work
     if raw is MISS:
         return done("failed", "no intact manifest stored under this key")
     try:
-        from precompile.artifact.function_manifest import is_function_doc
-        from precompile.artifact.manifest import load_json
+        from precompile.manifest.function_manifest import is_function_doc
+        from precompile.manifest.manifest import load_json
 
         doc = load_json(raw)  # type: ignore[arg-type]
         verdict = policy.check(doc)
@@ -287,7 +287,7 @@ def _rebuild(cache: Cache, key: str, force: bool, policy: Any, budget: int, work
         graph_json = loads_json(graph_blob, graph_size, "stored FX graph")  # type: ignore[arg-type]
         if digest_bytes(canonical_json(canonical_graph(graph_json))) != factors.get("graph"):
             raise Refused("its stored FX graph does not hash to its graph factor")
-        try:  # the allow-list (precompile.artifact.graph_allow): ATen and registered custom ops, torch's own functions
+        try:  # the allow-list (precompile.manifest.graph_allow): ATen and registered custom ops, torch's own functions
             gm = graph_from_json(graph_json)
         except ArtifactFormatError as err:
             raise Refused(f"its stored graph is refused: {err}") from None

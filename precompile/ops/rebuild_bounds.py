@@ -10,7 +10,7 @@ it and runs it again.  Whoever wrote the entry chose every size in it.  So befor
    item size; 0 for an empty tensor) computed, and their sum held to the budget: more is refused naming the input.
 3. :func:`check_run`: the graph runs once on *fake* tensors (``torch._subclasses.FakeTensorMode``, static shapes,
    inputs made from the specs in that mode: nothing real is allocated), its size arithmetic through
-   :func:`precompile.artifact.size_math.bounded_graph`.  Every operator's outputs are tracked by storage (views count
+   :func:`precompile.manifest.size_math.bounded_graph`.  Every operator's outputs are tracked by storage (views count
    once) until the last tensor on it dies, each tensor object charged :data:`TENSOR_OVERHEAD` bytes; an operator
    that returns a list of tensors is charged its most outputs before it runs.  The peak of that, plus the copies a
    rebuild holds (two clones of the inputs, the eager outputs while the compiled graph runs, and the temporaries of
@@ -38,7 +38,7 @@ import torch
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from precompile.artifact.graph_json import TORCH_NAMES
+from precompile.manifest.graph_json import TORCH_NAMES
 from precompile.errors import PrecompileError
 
 #: Bytes a rebuild may hold per byte of the stored graph's JSON: at most 1/512 of the budget is graph.  Measured:
@@ -329,7 +329,7 @@ def check_run(gm: torch.fx.GraphModule, placeholders: list[dict[str, Any]], budg
     from torch._subclasses import fake_tensor
     from torch.utils.flop_counter import FlopCounterMode
 
-    from precompile.artifact import size_math
+    from precompile.manifest import size_math
 
     input_bytes, copy_bytes = check_inputs(placeholders, budget)
     bounded = size_math.bounded_graph(gm, size_math.Ledger())

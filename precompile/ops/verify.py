@@ -123,7 +123,7 @@ def verify(cache: Cache, progress: Progress | None = None) -> Report:
 def _check_ref(cache: Cache, ref: StoredRef, intact: dict[str, int], canonical_graph: Callable[..., Any],
                canonical_json: Callable[[Any], bytes]) -> tuple[str, str] | None:
     """``(kind, detail)`` of what is wrong with one ref, or None."""
-    from precompile.artifact.manifest import Manifest
+    from precompile.manifest.manifest import Manifest
     from precompile.errors import ArtifactFormatError
 
     if not HEX64.match(ref.digest):  # its size and digest, never its text (stored bytes are never quoted)
@@ -137,9 +137,9 @@ def _check_ref(cache: Cache, ref: StoredRef, intact: dict[str, int], canonical_g
     if raw is None:
         return "bad manifest", f"its manifest blob {ref.digest[:12]} is missing or damaged"
     try:
-        from precompile.artifact.function_manifest import FunctionManifest, is_function_doc
-        from precompile.artifact.manifest import load_json
-        from precompile.artifact.record_manifest import RecordManifest, is_record_doc
+        from precompile.manifest.function_manifest import FunctionManifest, is_function_doc
+        from precompile.manifest.manifest import load_json
+        from precompile.manifest.record_manifest import RecordManifest, is_record_doc
 
         doc = load_json(raw)
         if is_function_doc(doc):

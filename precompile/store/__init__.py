@@ -7,6 +7,6 @@ prefix or a file (:mod:`.lookup`), the public ``precompile.load`` (:mod:`.loadin
 (:mod:`.coordination`) and why two keys differ (:mod:`.diff`).
 
 May import: :mod:`precompile.loader`, :mod:`precompile.key`, :mod:`precompile.inductor`,
-:mod:`precompile.artifact`, :mod:`cache_backends`, :mod:`precompile.metrics`,
+:mod:`precompile.manifest`, :mod:`cache_backends`, :mod:`precompile.metrics`,
 :mod:`precompile.config` and :mod:`precompile.errors` (docs/architecture.md).
 """

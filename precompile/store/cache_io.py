@@ -9,13 +9,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from cache_backends.base import MISS, Cache
-from precompile.artifact.manifest import Manifest
+from precompile.manifest.manifest import Manifest
 from precompile.errors import CacheError
 from precompile.loader.engine import graph_part_bounds, start_primer
 from precompile.store import entries
 
 if TYPE_CHECKING:  # pragma: no cover
-    from precompile.artifact import trust
+    from precompile.manifest import trust
     from precompile.loader.artifact import Artifact
 
 log = logging.getLogger("precompile")
@@ -31,7 +31,7 @@ def load_from_cache(key: str, cache: str | Cache | None, *, bound: dict[int, tor
     Reads the entry through :func:`precompile.store.entries.read_entry` (the ref; the manifest, at most
     :data:`~cache_backends.bounded.MAX_MANIFEST_BYTES`; its signature where verify keys are configured: an unsigned
     or badly signed entry is a miss, logged and counted under ``untrusted`` and ``untrusted_<reason>``, its ref left
-    alone; its structure and every name in it, :mod:`precompile.artifact.names`), then reads the blobs a load needs
+    alone; its structure and every name in it, :mod:`precompile.manifest.names`), then reads the blobs a load needs
     (engine payload, binaries; under ``PRECOMPILE_REQUIRE_NO_HOST_CODE`` only the wrapper graph and its launch blobs,
     each within the graph engine's own bound: :func:`~precompile.loader.engine.graph_part_bounds`), all verified by
     the backend and none larger than the manifest records, and checks that the other parts exist (they are read,

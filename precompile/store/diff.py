@@ -70,7 +70,7 @@ class Comparison:
         pick_changes: tuned ops (GEMM, convolution) whose chosen candidate differs (:func:`pick_changes`);
             picks are outcomes of a build, not key factors.
         wrapper_diff: unified diff of the two wrapper graphs, node by node
-            (:func:`precompile.artifact.wrapper.text.describe`), when both are stored as data and differ ("" otherwise).
+            (:func:`precompile.manifest.wrapper.text.describe`), when both are stored as data and differ ("" otherwise).
     """
 
     a: str
@@ -196,7 +196,7 @@ def compare(a: Source, b: Source, *, context: int = 2) -> Comparison:
 def _wrapper_diff(a: Source, b: Source, context: int) -> str:
     """Unified diff of two stored wrapper graphs' readable forms; "" when either has none, they are the same part,
     or one is refused by its checks (then ``inspect --wrapper`` says why)."""
-    from precompile.artifact.wrapper.text import describe
+    from precompile.manifest.wrapper.text import describe
 
     texts = []
     for s in (a, b):

@@ -7,7 +7,7 @@ by digest.  :func:`read_entry` reads one, in the same order and under the same p
 2. a ref this process refused before for the manifest it names is a miss without reading anything more
    (:mod:`precompile.store.refusals`);
 3. the manifest, bounded before it is allocated (missing, corrupt or over the bound: a miss, the ref dropped);
-4. its JSON (depth-bounded), then its signature under the call's policy (:class:`~precompile.artifact.trust.Policy`:
+4. its JSON (depth-bounded), then its signature under the call's policy (:class:`~precompile.manifest.trust.Policy`:
    refused, it is a miss counted under ``untrusted`` and ``untrusted_<reason>``, logged, its ref left alone);
 5. its structure (the kind's :attr:`Kind.parse`), then whatever the kind checks and reads next (the caller's
    ``finish``: the key it names, host code, its parts).
@@ -30,14 +30,14 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from cache_backends.base import MISS, Cache
 from cache_backends.bounded import MAX_MANIFEST_BYTES
 from precompile import metrics
-from precompile.artifact.manifest import ManifestJSON, load_json
+from precompile.manifest.manifest import ManifestJSON, load_json
 from precompile.errors import (ArtifactFormatError, ArtifactNotFoundError, CacheError, CacheReadOnlyError, ConfigError,
                                UnsafePathError)
 from precompile.metrics import safe_incr, warn_once
 from precompile.store import refusals
 
 if TYPE_CHECKING:  # pragma: no cover
-    from precompile.artifact.trust import Policy
+    from precompile.manifest.trust import Policy
 
 log = logging.getLogger("precompile")
 
@@ -145,7 +145,7 @@ def read_entry(cache: Cache, key: str, kind: Kind[M], policy: Policy,
         del raw
         verdict = policy.check(doc)
         if not verdict.ok:
-            from precompile.artifact import trust
+            from precompile.manifest import trust
 
             refusals.remember(key, digest, ctx, verdict.detail, "untrusted")
             safe_incr(cache, **trust.note_refused(verdict, f"{kind.what} {key[:12]} in {cache.url}"))
@@ -273,7 +273,7 @@ def write_failed(cache: Cache, what: str, key: str, err: Exception) -> None:
 
 
 def refused_unsafe(cache: Cache, what: str, key: str, err: Exception) -> None:
-    """An entry naming a path or import that fails :mod:`precompile.artifact.names` (planted or garbled): never
+    """An entry naming a path or import that fails :mod:`precompile.manifest.names` (planted or garbled): never
     used, logged, counted with the refused entries (``untrusted``, ``untrusted_unsafe_path``)."""
     log.warning("refusing %s %s in %s: %s; nothing of it was run", what, key[:12], cache.url, err)
     safe_incr(cache, untrusted=1, untrusted_unsafe_path=1)

@@ -1,7 +1,7 @@
 """Loading an artifact: from a ``.pc`` file, an unpacked directory, or a cache by key or unique key prefix.
 
-A file or directory is read and every part checked against its digest (:mod:`precompile.artifact.formats`), its
-manifest's signature checked where verify keys are configured (:mod:`precompile.artifact.trust`), and its environment
+A file or directory is read and every part checked against its digest (:mod:`precompile.manifest.formats`), its
+manifest's signature checked where verify keys are configured (:mod:`precompile.manifest.trust`), and its environment
 fingerprint compared with this process's; a key goes through :func:`precompile.store.cache_io.load_from_cache`.
 The cache URL is read once (:func:`precompile.store.opening.parse`): its keys judge a path too.
 """
@@ -18,14 +18,14 @@ import torch
 
 from cache_backends.base import Cache
 from precompile import metrics
-from precompile.artifact.manifest import Manifest
+from precompile.manifest.manifest import Manifest
 from precompile.errors import ArtifactFormatError, ArtifactNotFoundError
 from precompile.key.fingerprint import check_environment
 from precompile.loader.artifact import Artifact
 from precompile.store.lookup import is_key_prefix, resolve_key
 
 if TYPE_CHECKING:  # pragma: no cover
-    from precompile.artifact.trust import Policy
+    from precompile.manifest.trust import Policy
 
 
 def load(path_or_key: str | os.PathLike[str], *, cache: str | Cache | None = None,
@@ -99,7 +99,7 @@ def load(path_or_key: str | os.PathLike[str], *, cache: str | Cache | None = Non
 def _load_path(p: Path, policy: Policy) -> Artifact:
     """The artifact saved at ``p`` (a ``.pc`` file or an unpacked directory), checked under ``policy`` before any
     part of it is read."""
-    from precompile.artifact import formats, trust
+    from precompile.manifest import formats, trust
     from precompile.errors import UntrustedArtifactError
 
     def refuse_untrusted(manifest: Manifest) -> None:  # before any part of the file is read

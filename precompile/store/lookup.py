@@ -106,9 +106,9 @@ def problem(doc: Any) -> str | None:
     """Why a parsed manifest is malformed, in a sentence, or None when it is well formed: a graph manifest, a
     whole-function manifest or a record (by its ``kind``), checked as a load checks it, and each placeholder an
     object with a string ``name`` and ``kind`` (what every listing reads).  Never raises."""
-    from precompile.artifact.function_manifest import FunctionManifest
-    from precompile.artifact.manifest import Manifest
-    from precompile.artifact.record_manifest import RecordManifest
+    from precompile.manifest.function_manifest import FunctionManifest
+    from precompile.manifest.manifest import Manifest
+    from precompile.manifest.record_manifest import RecordManifest
 
     if not isinstance(doc, dict):
         return f"the manifest is not a JSON object ({type(doc).__name__})"
@@ -180,7 +180,7 @@ def from_path(path: str | os.PathLike[str]) -> Source | None:
         ArtifactFormatError: it may be an artifact but it is not an intact one.
         InputLimitError: its manifest or a part is larger than the format or the manifest allows.
     """
-    from precompile.artifact import formats
+    from precompile.manifest import formats
 
     p = Path(path)
     try:

@@ -1,7 +1,7 @@
 """Opening a cache for precompile: a URL's trust options read once, the backend opened, the call's trust policy.
 
 :mod:`cache_backends` opens URLs and knows nothing of signatures.  A precompile cache URL may carry, on any tier,
-two options of its own (:mod:`precompile.artifact.trust`): ``verify_keys=`` (comma-separated ``ed25519:<hex>``
+two options of its own (:mod:`precompile.manifest.trust`): ``verify_keys=`` (comma-separated ``ed25519:<hex>``
 public keys or key files) and ``signing_key=`` (a private key's path).  This module is the one place that reads
 them: :func:`parse` splits them off each tier (and checks the keys they name), the rest of the URL goes to
 :func:`cache_backends.registry.open_cache`, and the options are remembered for the cache opened, so that a call
@@ -28,7 +28,7 @@ from precompile import config
 from precompile.errors import CacheURLError, TrustConfigError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from precompile.artifact.trust import Policy
+    from precompile.manifest.trust import Policy
 
 __all__ = ["TRUST_OPTIONS", "Target", "open_cache", "open_with_policy", "parse", "policy_for", "refused_by_trust"]
 
@@ -60,13 +60,13 @@ class Target:
 
     def policy(self) -> Policy:
         """The call's trust policy: the environment's settings plus this cache's keys
-        (:func:`precompile.artifact.trust.resolve`).
+        (:func:`precompile.manifest.trust.resolve`).
 
         Raises:
             TrustConfigError: a key setting cannot be read or names no key.
             ConfigError: ``PRECOMPILE_REQUIRE_NO_HOST_CODE`` holds a value precompile does not accept.
         """
-        from precompile.artifact import trust
+        from precompile.manifest import trust
 
         return trust.resolve(self.verify_keys, self.signing_key)
 
@@ -243,7 +243,7 @@ def _split(url: str) -> tuple[str, dict[str, str]]:
             if name in options:
                 raise CacheURLError(f"option {name!r} given twice in cache URL {redact_url(url)!r}")
             options[name] = value
-    from precompile.artifact import trust
+    from precompile.manifest import trust
 
     # named in errors without its secrets; a bare path as the file:// URL it stands for
     where = urlunsplit((parts.scheme, parts.netloc, parts.path, "", ""))

@@ -2,7 +2,7 @@
 
 A start pays for more than compiling.  vLLM, for one, inspects the model's class in a subprocess (~8 s on a 2-core CPU)
 before it builds anything, and keeps the answer on the machine's disk only.  A record carries such a fact through
-the fleet's cache; its manifest (:class:`~precompile.artifact.record_manifest.RecordManifest`, re-exported here)
+the fleet's cache; its manifest (:class:`~precompile.manifest.record_manifest.RecordManifest`, re-exported here)
 holds data only, and nothing in it is run, imported, unpickled or used as a path.
 
 :func:`read` and :func:`write` go through the one entry store (:mod:`precompile.store.entries`), as graph and
@@ -17,7 +17,7 @@ import json
 from typing import Any
 
 from cache_backends.base import Cache
-from precompile.artifact.record_manifest import (
+from precompile.manifest.record_manifest import (
     KIND,
     MAX_MANIFEST_BYTES,
     MAX_RECORD_BYTES,

@@ -32,7 +32,7 @@ _refused: OrderedDict[tuple[str, str, Any], tuple[float, str, str | None]] = Ord
 
 def context(cache: Any, policy: Any) -> tuple[str, frozenset[str], bool]:
     """Where a refusal holds besides the manifest's bytes: ``cache``'s URL (each cache counts its own refusals),
-    ``policy``'s verify key ids (:class:`precompile.artifact.trust.Policy`) and whether it refuses host code.
+    ``policy``'s verify key ids (:class:`precompile.manifest.trust.Policy`) and whether it refuses host code.
     """
     return str(cache.url), frozenset(policy.verify), bool(policy.no_host_code)
 

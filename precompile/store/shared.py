@@ -33,7 +33,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
-    from precompile.artifact.trust import Policy
+    from precompile.manifest.trust import Policy
     from precompile.loader.artifact import Artifact
 
 _lock = threading.Lock()
@@ -50,7 +50,7 @@ class _KeyLock:
 
 def trust_id(policy: Policy | None) -> tuple[frozenset[str], bool]:
     """What of a trust policy decides whether an entry may load: the ids of its verify keys and its no-host-code
-    requirement (:class:`precompile.artifact.trust.Policy`).  None (no policy resolved) is the empty policy."""
+    requirement (:class:`precompile.manifest.trust.Policy`).  None (no policy resolved) is the empty policy."""
     if policy is None:
         return frozenset(), False
     return frozenset(policy.verify), bool(policy.no_host_code)

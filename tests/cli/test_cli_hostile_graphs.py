@@ -3,8 +3,8 @@ a sparse tensor built over indices nobody checked (``_sparse_coo_tensor_unsafe``
 whose invariant check is off by default), then densified, killed ``precompile rebuild`` with SIGSEGV; a view of any
 size over a small storage (``_reshape_alias``) and a nested view at offsets it is given
 (``_nested_view_from_buffer``) read and wrote outside it.  Each is now refused (the list of
-precompile.artifact.op_list), and so is a Python function that reaches an operator off the list from inside
-(the guard, precompile.artifact.op_guard).  Unsigned static entries built for another torch, in a real local cache,
+precompile.manifest.op_list), and so is a Python function that reaches an operator off the list from inside
+(the guard, precompile.manifest.op_guard).  Unsigned static entries built for another torch, in a real local cache,
 each rebuilt by ``precompile rebuild`` in a fresh process.
 """
 

@@ -21,7 +21,7 @@ from _cli import cli, cli_json, error_line
 from cache_backends.base import digest_bytes
 from cache_backends.local.cache import LocalCache
 from precompile import config
-from precompile.artifact import trust
+from precompile.manifest import trust
 from precompile.key.ambient import ambient_state
 from precompile.key.graph import canonical_graph, canonical_json
 

@@ -10,7 +10,7 @@ import pickle
 import pytest
 from conftest import run_python
 
-from precompile.artifact import trust
+from precompile.manifest import trust
 from precompile.errors import ArtifactFormatError, UnsafePathError
 
 # A user module with a model, a helper Dynamo inlines, and a function with a graph break.
@@ -192,7 +192,7 @@ def test_signed_mode_refuses_a_tampered_dynamo_part_without_unpickling_it(tmp_pa
 
 
 def test_manifest_parse_refuses_unsafe_and_oversized_entries():
-    from precompile.artifact.function_manifest import MAX_GRAPHS, FunctionManifest
+    from precompile.manifest.function_manifest import MAX_GRAPHS, FunctionManifest
 
     d = "a" * 64
     good = {"schema": 0, "kind": "function", "key": d, "factors": {}, "parts": {"dynamo": d}, "graphs": {},

@@ -1,4 +1,4 @@
-"""A GPU graph with no host code: Inductor's FX wrapper graph stored as data (precompile.artifact.wrapper.graph), each
+"""A GPU graph with no host code: Inductor's FX wrapper graph stored as data (precompile.manifest.wrapper.graph), each
 Triton kernel as a ``.launch`` blob (launch record + cubin), run in a fresh process that imports neither Inductor nor
 Triton, against precompile's fresh compile of the same graph (Inductor's Python wrapper).  Skipped without a CUDA
 GPU (CI has none).
@@ -25,7 +25,7 @@ import json, sys
 from pathlib import Path
 import torch
 before = set(sys.modules)
-from precompile.artifact.wrapper.codegen import build
+from precompile.manifest.wrapper.codegen import build
 from precompile.inductor.load import cuda_runtime
 d = Path(sys.argv[1])
 data = json.loads((d / "wrapper.json").read_text())
@@ -71,7 +71,7 @@ def test_a_wrapper_graph_with_its_cubins_runs_without_host_code_bit_equal(name, 
     from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
 
     import precompile
-    from precompile.artifact.wrapper import graph as wg
+    from precompile.manifest.wrapper import graph as wg
     from precompile.inductor.load import cuda_runtime
     from precompile.inductor.build.fx_wrapper import launch_records, wrapper_graph
 

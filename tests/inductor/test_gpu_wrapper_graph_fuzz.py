@@ -1,4 +1,4 @@
-"""Hostile wrapper graphs on a GPU: tests/artifact/test_wrapper_graph_fuzz.py's fuzz (tests/_wrapper_fuzz.py) with
+"""Hostile wrapper graphs on a GPU: tests/manifest/test_wrapper_graph_fuzz.py's fuzz (tests/_wrapper_fuzz.py) with
 ``cuda`` tensors, so that the allow-list's ATen kernels (cuBLAS GEMMs, convolution, the attention kernels, copies)
 run on the device.  Each input's storage is a slice of one CUDA buffer between guard regions (wrapped through
 ``__cuda_array_interface__``, so the storage is exactly the slice); a graph is refused by ``check``/``build``, or

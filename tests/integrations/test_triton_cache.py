@@ -118,7 +118,7 @@ def test_a_kernel_launcher_is_shared_but_not_where_host_code_is_refused(tmp_path
 def test_with_verify_keys_only_a_signed_kernel_is_restored(tmp_path):
     """Workers with verify keys take a kernel a builder signed, and refuse one signed by no key of theirs (Triton
     then compiles it): a cubin is code the GPU runs."""
-    from precompile.artifact import trust
+    from precompile.manifest import trust
 
     cache = "file://" + str(tmp_path / "pc")
     public = trust.generate_key(tmp_path / "builder.pem")

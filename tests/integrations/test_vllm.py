@@ -199,7 +199,7 @@ def _round_trip_stored_graphs(cache: str) -> dict:
         "import json, sys\n"
         "import vllm._custom_ops, vllm.model_executor.layers.attention.attention\n"  # registers _C:: and vllm::
         "from cache_backends.registry import open_cache\n"
-        "from precompile.artifact.graph_json import graph_from_json, graph_to_json\n"
+        "from precompile.manifest.graph_json import graph_from_json, graph_to_json\n"
         "from precompile.store.lookup import stored_manifests\n"
         "c = open_cache(sys.argv[1])\n"
         "out = {'graphs': 0, 'same': 0}\n"

@@ -19,7 +19,7 @@ from _probe import assert_refused, probe, zstd_bomb
 
 from cache_backends.local.cache import LocalCache
 from cache_backends.redis.codec import MAGIC
-from precompile.artifact import trust
+from precompile.manifest import trust
 from precompile.store.opening import open_with_policy
 
 GiB = 1 << 30

@@ -19,7 +19,7 @@ from pathlib import Path
 from conftest import TESTS, python_env
 
 from cache_backends import open_cache
-from precompile.artifact.manifest import Manifest
+from precompile.manifest.manifest import Manifest
 
 WORKER = str(TESTS / "_fleet_worker.py")
 

@@ -15,7 +15,7 @@ from _probe import probe
 from test_bounded_loads import LOAD_PROBE, check_rebuilds
 
 from cache_backends.local.cache import LocalCache
-from precompile.artifact.manifest import Manifest
+from precompile.manifest.manifest import Manifest
 
 
 def _placeholder(m: dict, **spec: object) -> None:

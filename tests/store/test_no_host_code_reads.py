@@ -18,7 +18,7 @@ from _probe import assert_refused, probe, zstd_bomb
 import precompile
 from cache_backends.bounded import MAX_BLOB_BYTES
 from cache_backends.local.cache import LocalCache
-from precompile.artifact.manifest import Manifest
+from precompile.manifest.manifest import Manifest
 from precompile.store.cache_io import load_from_cache
 
 GiB = 1 << 30
@@ -32,7 +32,7 @@ class Gemms(torch.nn.Module):
 @pytest.fixture(scope="module")
 def entry(tmp_path_factory):
     """``(key, cache directory)`` of an artifact with a wrapper graph."""
-    from precompile.artifact.wrapper import graph as wg
+    from precompile.manifest.wrapper import graph as wg
     from precompile.inductor.build.fx_wrapper import wrapper_graph
 
     root = tmp_path_factory.mktemp("nohost") / "cache"

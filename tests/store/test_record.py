@@ -11,7 +11,7 @@ from _cli import cli, cli_json
 
 from cache_backends.base import MISS
 from cache_backends.registry import open_cache
-from precompile.artifact import trust
+from precompile.manifest import trust
 from precompile.errors import ArtifactFormatError
 from precompile.store import record
 

@@ -12,7 +12,7 @@ import pytest
 
 from cache_backends import open_cache
 from cache_backends.local.cache import LocalCache
-from precompile.artifact import trust
+from precompile.manifest import trust
 from precompile.store.cache_io import load_from_cache
 from precompile.store.coordination import get_or_build
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import _graphs
-from precompile.artifact.trust import Policy
+from precompile.manifest.trust import Policy
 from precompile.builder.standalone import standalone_compile
 from precompile.store import shared
 

@@ -1,6 +1,6 @@
 """One trust policy per call (issue 34, item 3): verify keys given only in the cache URL (``cache=``, or the URL in
 ``PRECOMPILE_CACHE``) protect a ``.pc`` file and an unpacked directory loaded in the same call, as they protect the
-cache.  Real files saved by precompile, real Ed25519 keys made by :func:`precompile.artifact.trust.generate_key`."""
+cache.  Real files saved by precompile, real Ed25519 keys made by :func:`precompile.manifest.trust.generate_key`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from conftest import assert_same_output
 from test_security import copy_of, keys  # noqa: F401 - the keys fixture
 
 import precompile
-from precompile.artifact import trust
+from precompile.manifest import trust
 from precompile.errors import CacheURLError, TrustConfigError, UntrustedArtifactError
 from precompile.store.opening import policy_for
 

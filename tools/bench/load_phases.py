@@ -119,7 +119,7 @@ def _signed_cache(work: Path, url: str, key: str) -> dict:
     signature check (canonical JSON of the manifest + Ed25519 verify), ms."""
     import precompile
     from cache_backends.registry import open_cache
-    from precompile.artifact import trust
+    from precompile.manifest import trust
     from precompile.store.cache_io import store
 
     key_path = work / "signing.pem"

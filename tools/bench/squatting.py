@@ -190,7 +190,7 @@ print(json.dumps({"polls": len(polls), "cpu_s": cpu() - cpu0,
 
 
 def case_refused(work: Path, redis_url: str) -> dict:
-    from precompile.artifact import trust
+    from precompile.manifest import trust
 
     work.mkdir(parents=True)
     env = {"PRECOMPILE_VERIFY_KEYS": trust.generate_key(work / "builder.pem")}
@@ -198,7 +198,7 @@ def case_refused(work: Path, redis_url: str) -> dict:
 
 
 GRAPH_ENTRY = """
-from precompile.artifact.wrapper import graph as wg
+from precompile.manifest.wrapper import graph as wg
 from precompile.inductor.build.fx_wrapper import wrapper_graph
 from cache_backends.base import digest_bytes
 from precompile.key.graph import canonical_json

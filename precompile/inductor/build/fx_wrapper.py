@@ -4,7 +4,7 @@ With ``config.fx_wrapper``, Inductor's ``WrapperFxCodegen`` converts its wrapper
 (``FxConverter``): buffers from ``torch.empty_strided``, views from ``torch.as_strided``, library calls as ATen
 ``.out`` overloads, Triton kernels as ``triton_kernel_wrapper_mutation`` nodes over a kernel side table.
 :func:`wrapper_graph` compiles a graph that way and returns that ``GraphModule``;
-:mod:`precompile.artifact.wrapper.graph` stores it as data.
+:mod:`precompile.manifest.wrapper.graph` stores it as data.
 
 What Inductor's converter lacks (found on torch 2.11 and 2.13): C++ kernels (a CPU graph with any fused kernel),
 subgraphs, and, on 2.11, symbolic sizes (``vr must not be None``), user Triton kernels and Triton GEMM templates
@@ -126,11 +126,11 @@ def static_name(binary: Any) -> str:
 
 def stored_graph(graph: torch.fx.GraphModule) -> bytes | str:
     """The wrapper graph's JSON as an artifact stores it, or why it cannot be stored: a target outside the
-    allow-list (an extern kernel Inductor calls that :mod:`precompile.artifact.wrapper.ops` does not list, such as
+    allow-list (an extern kernel Inductor calls that :mod:`precompile.manifest.wrapper.ops` does not list, such as
     ``aten::topk``), or arguments outside the format; the message names the node."""
     import json
 
-    from precompile.artifact.wrapper import graph as wg
+    from precompile.manifest.wrapper import graph as wg
 
     try:
         return json.dumps(wg.to_data(graph), sort_keys=True).encode()

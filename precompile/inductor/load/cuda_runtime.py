@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from cache_backends.bounded import loads_json
-from precompile.artifact.names import ascii_identifier
+from precompile.manifest.names import ascii_identifier
 from precompile.inductor import shim
 from precompile.inductor.load.memfd import memfd
 
@@ -153,7 +153,7 @@ class TritonKernel:
 
 class GraphLaunch:
     """What a stored wrapper graph's ``triton_kernel_wrapper_mutation`` nodes call
-    (:mod:`precompile.artifact.wrapper.graph`): the kernel of ``kernel_idx`` (a :class:`TritonKernel` from its
+    (:mod:`precompile.manifest.wrapper.graph`): the kernel of ``kernel_idx`` (a :class:`TritonKernel` from its
     ``.launch`` blob) launched on the node's grid with the arguments it names, on the current stream, through torch's
     static launcher.
 
@@ -173,7 +173,7 @@ class GraphLaunch:
 
     def bind(self, kernel_idx: int) -> tuple[tuple[str, ...], tuple[str, ...], Any, int]:
         """``(names of the arguments the cubin takes, those of them that are pointers, run(stream, x, y, z,
-        *args), device index)`` for kernel ``kernel_idx``: what :func:`precompile.artifact.wrapper.codegen.build` calls
+        *args), device index)`` for kernel ``kernel_idx``: what :func:`precompile.manifest.wrapper.codegen.build` calls
         a launch node with directly (no keyword dicts per call; the arguments' tuple goes to the launcher as it
         comes, padded only for a kernel with scratch memory).
 

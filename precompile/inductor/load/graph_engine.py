@@ -1,7 +1,7 @@
 """The no-host-code engine: a GPU artifact's wrapper graph (data) run with its Triton kernels' cubins (data).
 
-A load builds the callable from the stored wrapper graph (:mod:`precompile.artifact.wrapper.graph`: checked against
-the allow-list; :mod:`precompile.artifact.wrapper.codegen`: code generated from it) and the kernels' ``.launch``
+A load builds the callable from the stored wrapper graph (:mod:`precompile.manifest.wrapper.graph`: checked against
+the allow-list; :mod:`precompile.manifest.wrapper.codegen`: code generated from it) and the kernels' ``.launch``
 blobs (:mod:`precompile.inductor.load.cuda_runtime`: records checked, cubins to the CUDA driver).  Nothing the
 artifact carries is executed, imported or dlopen'd host-side.  Like the fast path it imports neither Inductor,
 Dynamo, Triton nor sympy.
@@ -13,8 +13,8 @@ from collections.abc import Callable
 from typing import Any
 
 from cache_backends.bounded import loads_json
-from precompile.artifact.wrapper import codegen as wrapper_codegen
-from precompile.artifact.wrapper import graph as wrapper_graph
+from precompile.manifest.wrapper import codegen as wrapper_codegen
+from precompile.manifest.wrapper import graph as wrapper_graph
 from precompile.inductor.load import cuda_runtime, runtime
 
 #: Largest stored wrapper graph read, bytes (a large model's is well under 1 MiB).
@@ -28,7 +28,7 @@ def load_graph(graph: bytes, launches: dict[int, bytes], *, inputs_to_check: lis
     """``fn(*flat_inputs) -> tuple of outputs`` from a verified wrapper graph and its kernels' launch blobs.
 
     Args:
-        graph: the wrapper graph's JSON (:func:`precompile.artifact.wrapper.graph.to_data`), digest already checked.
+        graph: the wrapper graph's JSON (:func:`precompile.manifest.wrapper.graph.to_data`), digest already checked.
         launches: ``{kernel_idx: .launch blob}`` of the kernels its launch nodes name.
         inputs_to_check, mutated: as :func:`precompile.inductor.load.runtime.load_fast` (alignment copies).
 

@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from precompile.artifact import names
+from precompile.manifest import names
 from precompile.inductor import shim
 
 _LOCK = threading.Lock()

@@ -133,7 +133,7 @@ def aot_factors(model: Any, entry: str) -> dict[str, Any]:
     """The key factors of vLLM's AOT artifact ``entry`` for ``model`` (see the module docstring)."""
     import vllm
 
-    from precompile.artifact.function_manifest import KIND
+    from precompile.manifest.function_manifest import KIND
     from precompile.function.key import _devices, function_identity
     from precompile.key import fingerprint
 
@@ -211,7 +211,7 @@ def publish(cache: Any, key: str, factors: dict[str, Any], data: bytes, *, secon
     import torch
 
     from cache_backends.base import digest_bytes
-    from precompile.artifact.function_manifest import FunctionManifest
+    from precompile.manifest.function_manifest import FunctionManifest
     from precompile.function import store
     from precompile.key import fingerprint
     from precompile.metrics import safe_incr

@@ -43,7 +43,7 @@ class Entry:
     blobs: dict[str, bytes] = field(default_factory=dict)
 
     def load_digests(self) -> list[str]:
-        from precompile.artifact.manifest import Manifest
+        from precompile.manifest.manifest import Manifest
 
         return Manifest.from_dict(self.doc).load_digests()
 
@@ -70,7 +70,7 @@ def read_set(url: str, keys: int) -> list[Entry]:
         SystemExit: fewer than ``keys`` are stored.
     """
     from cache_backends import MISS, open_cache
-    from precompile.artifact.manifest import Manifest
+    from precompile.manifest.manifest import Manifest
     from precompile.errors import PrecompileError
 
     cache = open_cache(url)
@@ -131,9 +131,9 @@ def store(url: str, entries: list[Entry], signing_key: Path) -> int:
     """Store ``entries`` in ``url`` signed with ``signing_key``: blobs, manifest, then ref; the bytes one worker
     reads (manifests and load blobs, uncompressed)."""
     from cache_backends import open_cache
-    from precompile.artifact.manifest import Manifest
-    from precompile.artifact.trust import Policy
-    from precompile.artifact.trust_keys import load_signing_key
+    from precompile.manifest.manifest import Manifest
+    from precompile.manifest.trust import Policy
+    from precompile.manifest.trust_keys import load_signing_key
 
     policy = Policy(signer=load_signing_key(str(signing_key)))
     cache = open_cache(url)

@@ -62,7 +62,7 @@ def fetch_key(cache, policy, key: str) -> tuple[str, int]:
     """
     from cache_backends.base import MISS
     from cache_backends.bounded import MAX_MANIFEST_BYTES
-    from precompile.artifact.manifest import Manifest, load_json
+    from precompile.manifest.manifest import Manifest, load_json
     from precompile.errors import ArtifactFormatError, UnsafePathError
 
     digest = cache.get_ref(key)
@@ -158,8 +158,8 @@ def main(argv=None) -> int:
     import cache_backends.redis.cache  # noqa: F401
     import cache_backends.registry  # noqa: F401
     import precompile.store.opening  # noqa: F401
-    import precompile.artifact.manifest  # noqa: F401
-    from precompile.artifact import trust
+    import precompile.manifest.manifest  # noqa: F401
+    from precompile.manifest import trust
 
     trust.policy()  # reads and parses PRECOMPILE_VERIFY_KEYS once, as a worker's first load would
 

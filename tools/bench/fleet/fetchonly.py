@@ -50,7 +50,7 @@ def client_env(work: Path, verify_key: str | None) -> dict[str, str]:
 
 def prepare(a, work: Path) -> tuple[dict[str, list[artifacts.Entry]], Path, str | None]:
     """``({set name: entries}, signing key path, its public text or None with --no-sign)``."""
-    from precompile.artifact.trust_keys import generate_key
+    from precompile.manifest.trust_keys import generate_key
 
     sets: dict[str, list[artifacts.Entry]] = {}
     names = [s for s in a.artifacts.split(",") if s]
@@ -66,7 +66,7 @@ def prepare(a, work: Path) -> tuple[dict[str, list[artifacts.Entry]], Path, str 
     key = work / "signing.pem"
     public = generate_key(key) if not key.exists() else None
     if public is None:
-        from precompile.artifact.trust_keys import load_signing_key, public_text
+        from precompile.manifest.trust_keys import load_signing_key, public_text
 
         public = public_text(load_signing_key(str(key)).public_key())
     return sets, key, (None if a.no_sign else public)
@@ -191,7 +191,7 @@ def run(a, work: Path, replica_reads: bool, sizes: list[int]) -> dict:
     sets, key, public = prepare(a, work)
     env = client_env(work, public)
     subprocess.run([sys.executable, "-c", "import tools.bench.fleet.client, cache_backends.redis.cache, "
-                    "precompile.artifact.manifest, precompile.artifact.names, precompile.artifact.trust"],
+                    "precompile.manifest.manifest, precompile.manifest.names, precompile.manifest.trust"],
                    cwd=ROOT, env=env, check=True)  # .pyc files written once, before any client starts
     result: dict = {"mode": "fetch-only", "storms": [], "lone": {}, "cpus": os.cpu_count(), "procs": a.procs,
                     "replica_reads": replica_reads, "signed": public is not None, "keys": a.keys,
