@@ -121,7 +121,7 @@ def standalone_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], 
                 safe_incr(c, errors=1)
                 metrics.note_miss("load_failed")
                 return None
-            shared.remember(art, policy)
+            shared.remember(art, policy, c)
         art.load_seconds = time.perf_counter() - start
         log.info("cache hit %s (%s) in %.3f s", key[:12], c.url, art.load_seconds)
         return art
@@ -135,7 +135,7 @@ def standalone_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], 
         safe_incr(c, builds=1)
         if store(c, art):
             log.info("stored %s in %s (%d bytes)", key[:12], c.url, art.manifest.total_bytes())
-        shared.remember(art, policy)  # later pieces of this key in this process use it, without reading it back
+        shared.remember(art, policy, c)  # later pieces of this key in this process use it, without reading it back
         return art
 
     started, remote_errors = time.perf_counter(), getattr(c, "remote_errors", 0)

@@ -87,6 +87,7 @@ class Artifact:
         self.primer: Any = None
         self.no_host_code: bool | None = None
         self.shared_from: Artifact | None = None
+        self.shared_cache: Cache | None = None  # the open cache a shared entry came from (precompile.store.shared)
 
     # -------------------------------------------------------------------------------------------- calling
     @property

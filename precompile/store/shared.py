@@ -17,8 +17,11 @@ Why sharing is safe:
   engine allocate their outputs on every call and read only their arguments; the kernels they load are immutable.
   So each piece keeps its own inputs and outputs, and two pieces may run at once from two threads
   (tests/store/test_shared_loads.py checks outputs against eager, interleaved and concurrent).
-- Entries are keyed by the key *and* the trust it was verified under (the verify keys' ids and the no-host-code
-  requirement, :func:`trust_id`): a call with a stricter policy never receives an entry a laxer one accepted.
+- Entries are keyed by the key, the trust it was verified under (the verify keys' ids and the no-host-code
+  requirement, :func:`trust_id`) and the open cache it came from: a call with a stricter policy never receives an
+  entry a laxer one accepted, and a caller that opens a cache anew (a URL given to each call) reads it anew, so
+  what another handle of the process loaded never hides a damaged or replaced entry from it.  A caller that holds
+  one cache for many graphs (vLLM's adaptor, ``precompile.backend``) shares.
 - Entries are held weakly: an entry lives as long as some artifact that shares it, no longer.
 
 Counted as a hit (``hits``) like any other; only the reading, verifying and loading are skipped.
@@ -37,7 +40,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from precompile.loader.artifact import Artifact
 
 _lock = threading.Lock()
-_entries: weakref.WeakValueDictionary[tuple[str, Any], Artifact] = weakref.WeakValueDictionary()
+_entries: weakref.WeakValueDictionary[tuple[str, Any, int], Artifact] = weakref.WeakValueDictionary()
 _key_locks: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
 
 
@@ -76,20 +79,23 @@ def sibling(key: str, policy: Policy | None, *, bound: dict[int, Any] | None = N
         key: the artifact key (64 hex).
         policy: the call's trust policy (see :func:`trust_id`).
         bound: the caller's weights by placeholder index (each sibling binds its own).
-        cache: the cache the caller looked in (counted in, as a load from it is).
+        cache: the open cache the caller looks in (the entry must come from the same one; counted in, as a load
+            from it is).
     """
     with _lock:
-        first = _entries.get((key, trust_id(policy)))
+        first = _entries.get((key, trust_id(policy), id(cache)))
     return None if first is None else first.sibling(bound=bound, cache=cache)
 
 
-def remember(art: Artifact, policy: Policy | None) -> None:
+def remember(art: Artifact, policy: Policy | None, cache: Any) -> None:
     """Offer ``art`` (its engine built, so a failed load is never shared) to later lookups of its key under
-    ``policy``'s trust.  A key already held keeps its first entry."""
+    ``policy``'s trust in the open cache ``cache`` (held by the entry: its id is not reused while the entry lives).
+    A key already held keeps its first entry."""
     if art.engine_kind is None:
         raise ValueError(f"artifact {art.key[:12]} has no engine yet; only a loaded artifact can be shared")
+    art.shared_cache = cache  # alive with the entry, so no other object takes its id meanwhile
     with _lock:
-        _entries.setdefault((art.key, trust_id(policy)), art)
+        _entries.setdefault((art.key, trust_id(policy), id(cache)), art)
 
 
 def held() -> int:

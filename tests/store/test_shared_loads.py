@@ -18,6 +18,7 @@ import _graphs
 from precompile.manifest.trust import Policy
 from precompile.builder.standalone import standalone_compile
 from precompile.store import shared
+from precompile.store.opening import open_cache
 
 
 @pytest.fixture(scope="module")
@@ -41,21 +42,25 @@ def _lookup(piece, cache):
 
 
 def test_a_second_piece_of_one_key_is_served_without_reading_the_cache(layers):
-    cache, pieces = layers
+    url, pieces = layers
     shared.forget()
+    cache = open_cache(url)  # one handle for every piece, as vLLM's adaptor holds one
     first = _lookup(pieces[0], cache)
     assert (first.outcome, first.engine_kind) == ("hit", "fast")
-    shutil.rmtree(cache.removeprefix("file://") + "/blob")  # nothing left to read: only the shared entry can serve
+    shutil.rmtree(url.removeprefix("file://") + "/blob")  # nothing left to read: only the shared entry can serve
     second = _lookup(pieces[1], cache)
     assert second.outcome == "hit" and second.engine is first.engine and second is not first
     torch.testing.assert_close(second(*pieces[1][1]), pieces[1][2], rtol=1e-5, atol=1e-5)
-    shared.forget()  # the same lookup, unshared, has to read: the blobs are gone, so it is a miss and a build
-    third = _lookup(pieces[1], cache)
+    # another handle of the same cache reads anew: the blobs are gone, so it is a miss and a build
+    third = _lookup(pieces[1], url)
     assert third.outcome == "built"
+    shared.forget()  # and so does the same handle once the entry is forgotten (the build stored the blobs again)
+    shutil.rmtree(url.removeprefix("file://") + "/blob")
+    assert _lookup(pieces[1], cache).outcome == "built"
 
 
 def test_a_built_artifact_is_shared_with_the_next_piece_of_its_key(tmp_path):
-    cache = f"file://{tmp_path}"
+    cache = open_cache(f"file://{tmp_path}")
     gm0, in0 = _graphs.make_fx_graph(_graphs.mlp(seed=2), _graphs.example(seed=12))
     gm1, in1 = _graphs.make_fx_graph(_graphs.mlp(seed=3), _graphs.example(seed=13))
     shared.forget()
@@ -66,8 +71,9 @@ def test_a_built_artifact_is_shared_with_the_next_piece_of_its_key(tmp_path):
 
 
 def test_pieces_keep_their_own_inputs_and_outputs(layers):
-    cache, pieces = layers
+    url, pieces = layers
     shared.forget()
+    cache = open_cache(url)
     arts = [_lookup(p, cache) for p in pieces]
     assert arts[0].engine is arts[1].engine
     firsts = [art(*p[1]) for art, p in zip(arts, pieces)]
@@ -81,8 +87,9 @@ def test_pieces_keep_their_own_inputs_and_outputs(layers):
 
 
 def test_two_pieces_of_one_key_called_from_two_threads_at_once(layers):
-    cache, pieces = layers
+    url, pieces = layers
     shared.forget()
+    cache = open_cache(url)
     arts = [_lookup(p, cache) for p in pieces]
     want = [art(*p[1])[0] for art, p in zip(arts, pieces)]
     wrong: list[str] = []
@@ -105,26 +112,29 @@ def test_two_pieces_of_one_key_called_from_two_threads_at_once(layers):
 
 
 def test_an_entry_is_shared_only_under_the_trust_it_was_verified_with(layers):
-    cache, pieces = layers
+    url, pieces = layers
     shared.forget()
+    cache = open_cache(url)
     first = _lookup(pieces[0], cache)
-    assert shared.sibling(first.key, Policy()) is not None
-    assert shared.sibling(first.key, Policy(no_host_code=True)) is None
-    assert shared.sibling(first.key, None) is not None  # no policy resolved is the empty policy
-    assert shared.sibling("0" * 64, Policy()) is None
+    assert shared.sibling(first.key, Policy(), cache=cache) is not None
+    assert shared.sibling(first.key, Policy(no_host_code=True), cache=cache) is None
+    assert shared.sibling(first.key, None, cache=cache) is not None  # no policy resolved is the empty policy
+    assert shared.sibling(first.key, Policy(), cache=open_cache(url)) is None  # another handle reads anew
+    assert shared.sibling("0" * 64, Policy(), cache=cache) is None
 
 
 def test_an_entry_lives_while_a_piece_sharing_it_does(layers):
     import gc
 
-    cache, pieces = layers
+    url, pieces = layers
     shared.forget()
+    cache = open_cache(url)
     first = _lookup(pieces[0], cache)
     second = _lookup(pieces[1], cache)
     key = first.key
     del first
     gc.collect()
-    assert shared.sibling(key, Policy()) is not None  # the second piece keeps the entry alive
+    assert shared.sibling(key, Policy(), cache=cache) is not None  # the second piece keeps the entry alive
     del second
     gc.collect()
-    assert shared.sibling(key, Policy()) is None and shared.held() == 0
+    assert shared.sibling(key, Policy(), cache=cache) is None and shared.held() == 0
