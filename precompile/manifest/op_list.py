@@ -42,6 +42,7 @@ test_model_graphs.py (real models' graphs still pass).
 from __future__ import annotations
 
 import functools
+import math
 import re
 import sys
 from collections.abc import Callable
@@ -167,7 +168,25 @@ def _fft_dims(bound: dict[str, Any]) -> str | None:
     return None
 
 
+def _aa_scales(bound: dict[str, Any]) -> str | None:
+    """Antialiased upsampling reads as far as its ``scales_h``/``scales_w`` say, whatever the sizes (a scale of 1e308,
+    or 0.001, reads past the input: the fuzz); torch.nn.functional.interpolate passes a scale only with the output
+    size it gives, ``floor(input size * scale)``, so a given scale must give the output size."""
+    x, out = bound.get("self", bound.get("input")), bound.get("output_size")  # .default names it self, .vec input
+    for i, name in enumerate(("scales_h", "scales_w")):
+        scale = bound.get(name)
+        if scale is None:
+            continue
+        size = x.size(2 + i) * scale if isinstance(x, torch.Tensor) and x.dim() == 4 and isinstance(
+            scale, (int, float)) and scale > 0 else math.nan
+        ok = math.isfinite(size) and isinstance(out, (list, tuple)) and len(out) == 2 and math.floor(size) == out[i]
+        if not ok:
+            return f"antialiased upsampling's {name} {scale!r:.40} does not give its output size {out!r:.40}"
+    return None
+
+
 PRECONDITIONS: dict[str, Callable[[dict[str, Any]], str | None]] = {
+    **{f"aten::_upsample_{n}2d_aa": _aa_scales for n in ("bilinear", "bicubic", "lanczos")},
     **{f"aten::{n}": _batch_norm for n in (
         "native_batch_norm", "_native_batch_norm_legit", "_native_batch_norm_legit_functional",
         "_native_batch_norm_legit_no_training", "_batch_norm_no_update", "_batch_norm_with_update",

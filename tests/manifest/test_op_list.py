@@ -76,7 +76,7 @@ def test_a_denial_rule_refuses_a_name_edited_into_the_file(tmp_path, monkeypatch
 
 def test_every_precondition_names_arguments_its_operators_have():
     """A precondition reads arguments by name: a renamed argument would switch it off silently."""
-    wanted = {"_batch_norm": {"input"}, "_fft_dims": {"self", "dim"}}
+    wanted = {"_batch_norm": {"input"}, "_fft_dims": {"self", "dim"}, "_aa_scales": {"output_size"}}
     for name, check in op_list.PRECONDITIONS.items():
         packet = op_list._packet(name)
         assert packet is not None and name in op_list.admitted(), name
@@ -133,6 +133,12 @@ def test_the_guard_refuses_what_a_python_function_reaches_and_runs_the_rest():
         torch.ops.aten.native_batch_norm(x, torch.ones(1), None, torch.zeros(4), torch.ones(4), False, 0.1, 1e-5)
     with OpGuard(), pytest.raises(OpRefusedError, match="FFT dimensions"):
         torch.ops.aten._fft_c2c(x.to(torch.complex64), [5], 1, True)
+    image = torch.randn(1, 3, 4, 6)
+    with OpGuard(), pytest.raises(OpRefusedError, match="scales_h 1e\\+308 does not give its output size"):
+        torch.ops.aten._upsample_bicubic2d_aa(image, [63, 63], False, 1e308, 0.5)
+    with OpGuard():  # what interpolate passes: a scale with the size it gives
+        y = torch.nn.functional.interpolate(image, scale_factor=1.5, mode="bilinear", antialias=True)
+    assert y.shape == (1, 3, 6, 9)
 
 
 def test_the_guard_runs_a_higher_order_operators_subgraphs_under_itself():
