@@ -169,9 +169,11 @@ class TieredCache(Cache):
             if missing:
                 out.update(self._fetch(missing, max_bytes))
             return out
-        kept = self.local.has_blobs(missing)  # there but refused (over its bound): not read twice
         with lock:  # one download per host: whoever holds it fetches, the others then read the near copy
-            arrived = [d for d, ok in self.local.has_blobs([d for d in missing if not kept[d]]).items() if ok]
+            # everything missed is looked for again, under the lock: a blob another process backfilled after the
+            # first read is here now (a blob here but over its bound is refused again by the bounded read, before
+            # its bytes are read)
+            arrived = [d for d, ok in self.local.has_blobs(missing).items() if ok]
             again = self.local.get_blobs(arrived, max_bytes) if arrived else {}
             near = {d: v for d, v in again.items() if v is not MISS}
             if near:
