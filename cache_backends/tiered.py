@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 
 from cache_backends.base import HEX64, MISS, Bounds, Cache, _Miss, blob_bound, digest_bytes
 from cache_backends.bounded import MAX_BLOB_BYTES, MAX_MANIFEST_BYTES, loads_json
+from cache_backends.local.files import SUSPECT
 from precompile.errors import CacheError, CacheReadOnlyError, CacheUnavailableError
 
 __all__ = ["TieredCache", "manifest_sizes"]
@@ -170,10 +171,9 @@ class TieredCache(Cache):
                 out.update(self._fetch(missing, max_bytes))
             return out
         with lock:  # one download per host: whoever holds it fetches, the others then read the near copy
-            # everything missed is looked for again, under the lock: a blob another process backfilled after the
-            # first read is here now (a blob here but over its bound is refused again by the bounded read, before
-            # its bytes are read)
-            arrived = [d for d, ok in self.local.has_blobs(missing).items() if ok]
+            # what was missed is looked for again under the lock, a blob another process backfilled since the first
+            # read included; not one the first read refused as over its bound (SUSPECT): not read twice
+            arrived = [d for d, ok in self.local.has_blobs([d for d in missing if d not in SUSPECT]).items() if ok]
             again = self.local.get_blobs(arrived, max_bytes) if arrived else {}
             near = {d: v for d, v in again.items() if v is not MISS}
             if near:
