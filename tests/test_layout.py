@@ -261,6 +261,14 @@ def wing_crossings(graph: dict[str, set[str]]) -> list[str]:
     return found
 
 
+def plant(root: Path, files: dict[str, str]) -> Path:
+    """Write ``{relative path: text}`` under ``root`` (a planted tree for the checks' own tests); returns ``root``."""
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    return root
+
+
 def test_no_import_circles() -> None:
     found = circles(import_graph())
     assert not found, "import circles: " + "; ".join(" <-> ".join(c) for c in found)
@@ -338,7 +346,7 @@ def test_the_wing_check_sees_a_load_module_import_the_build_side(tmp_path: Path)
     """Not vacuous: in a planted tree, a lazy import of the build side from the load side and a root module
     importing a wing are found, the build side importing the load side is not, and a module in a folder no wing
     names is in none."""
-    for name, text in {
+    plant(tmp_path, {
         "precompile/__init__.py": "",
         "precompile/inductor/__init__.py": "",
         "precompile/inductor/shim.py": "from precompile.inductor.load import runtime\n",
@@ -348,9 +356,7 @@ def test_the_wing_check_sees_a_load_module_import_the_build_side(tmp_path: Path)
         "precompile/inductor/build/runs.py": "from precompile.inductor.load import runtime\n",
         "precompile/inductor/extra/__init__.py": "",
         "precompile/inductor/extra/thing.py": "",
-    }.items():
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text(text)
+    })
     assert wing_crossings(import_graph(parents=False, repo=tmp_path)) == [
         "precompile.inductor.extra.thing is in precompile.inductor.extra, which tests/test_layout.py's WINGS does "
         "not name",
@@ -362,7 +368,7 @@ def test_the_checks_see_a_climb_and_a_circle(tmp_path: Path) -> None:
     """The checks are not vacuous: in a planted tree, a lazy import from the errors up to the command line and an
     ``import_module`` under ``if not TYPE_CHECKING`` are climbs, a package whose ``__init__`` imports a module that
     imports the package back is a circle, a lazy API lookup is seen, and a new package has no layer."""
-    for name, text in {
+    plant(tmp_path, {
         "precompile/__init__.py": "",
         "precompile/errors.py": "def f():\n    from precompile.cli import main\n",
         "precompile/cli/__init__.py": "from precompile.cli import browse\nmain = 1\n",
@@ -374,9 +380,7 @@ def test_the_checks_see_a_climb_and_a_circle(tmp_path: Path) -> None:
         "precompile/store/__init__.py": "",
         "cache_backends/__init__.py": "import importlib\ndef __getattr__(name):\n"
                                       "    return importlib.import_module('precompile.cli')\n",
-    }.items():
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text(text)
+    })
     assert climbs(import_graph(parents=False, repo=tmp_path)) == [
         "precompile.errors (layer precompile.errors) imports precompile.cli (layer precompile.cli)",
         "precompile.key.sdpa (layer precompile.key) imports precompile.store (layer precompile.store)"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from test_layout import REPO, ROOTS, TOOL_WINGS, circles, import_graph
+from test_layout import REPO, ROOTS, TOOL_WINGS, circles, import_graph, plant
 
 
 def test_tools_import_without_circles_and_nothing_imports_them() -> None:
@@ -30,12 +30,10 @@ def test_tools_keep_their_wings_and_at_most_six_entries() -> None:
 def test_the_tools_check_sees_a_circle_a_lazy_import_breaks(tmp_path: Path) -> None:
     """Two case modules that import each other, one of them inside a function (which runs after both are
     loaded, and so "breaks" the circle at import time): still a circle."""
-    for name, text in {
+    plant(tmp_path, {
         "tools/__init__.py": "",
         "tools/cases/__init__.py": "",
         "tools/cases/libs.py": "from tools.cases.vision import MAKERS\n",
         "tools/cases/vision.py": "def make():\n    from tools.cases.libs import Setup\n",
-    }.items():
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text(text)
+    })
     assert circles(import_graph(repo=tmp_path, roots=("tools",))) == [["tools.cases.libs", "tools.cases.vision"]]
