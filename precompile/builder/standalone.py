@@ -14,15 +14,15 @@ from cache_backends.base import Cache, digest_bytes
 from cache_backends.redaction import redact_url
 from precompile import config, metrics
 from precompile._version import __version__
-from precompile.manifest.manifest import Manifest
 from precompile.errors import BuildError, CacheError, CacheURLError, PrecompileError
 from precompile.key import fingerprint, sdpa, symbolic
 from precompile.key.graph import NormalizedGraph, canonical_json, readable_code
 from precompile.key.plan import DYNAMIC_SHAPES, Plan, compute_key, input_specs, prepare  # noqa: F401 - re-exported
 from precompile.loader.artifact import Artifact
-from precompile.metrics import safe_incr, warn_once
+from precompile.manifest.manifest import Manifest
+from precompile.metrics import safe_incr
 from precompile.store import shared
-from precompile.store.cache_io import load_from_cache, store
+from precompile.store.cache_io import store
 from precompile.store.coordination import get_or_build
 
 log = logging.getLogger("precompile")
@@ -103,28 +103,9 @@ def standalone_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], 
     policy = open_with_policy(c)[1]  # the cache's URL keys and the environment's (one read of its URL)
 
     def load_stored() -> Artifact | None:
-        start = time.perf_counter()
-        with shared.loading(key):  # one read and load per key per process (pieces of one key share it)
-            art = shared.sibling(key, policy, bound=norm.bound, cache=c)
-            if art is not None:
-                log.info("cache hit %s (%s): shared with an earlier load of this process", key[:12], c.url)
-                return art
-            # the key was computed here, from this environment: no need to compare fingerprints again
-            art = load_from_cache(key, c, bound=norm.bound, check_env=False, policy=policy)
-            if art is None:
-                return None
-            try:
-                art.engine  # build the callable now, so the load time is honest and failures are a miss
-            except Exception as err:  # noqa: BLE001 - a stored artifact that does not load is rebuilt
-                warn_once(c, f"artifact {key[:12]} from {c.url} failed to load ({type(err).__name__}: {err}); "
-                             "rebuilding it", kind="engine load")
-                safe_incr(c, errors=1)
-                metrics.note_miss("load_failed")
-                return None
-            shared.remember(art, policy, c)
-        art.load_seconds = time.perf_counter() - start
-        log.info("cache hit %s (%s) in %.3f s", key[:12], c.url, art.load_seconds)
-        return art
+        # one read and load per key per process (pieces of one key share it); the key was computed here, from
+        # this environment: no need to compare fingerprints again
+        return shared.load(key, c, policy, bound=norm.bound, check_env=False)
 
     def build_and_store() -> Artifact:
         if explain:
@@ -168,8 +149,8 @@ def build(norm: NormalizedGraph, plan: Plan) -> Artifact:
         BuildError: Inductor failed or produced nothing that can be stored, or the size guards of a symbolic
             graph cannot be written down (then nothing could check its calls).
     """
-    from precompile.inductor.build import compile as inductor_compile
     from precompile.inductor import shim
+    from precompile.inductor.build import compile as inductor_compile
     from precompile.inductor.build.fast_plan import fast_plan
     from precompile.inductor.build.products import NotSaveableError
 

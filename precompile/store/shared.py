@@ -36,8 +36,8 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
-    from precompile.manifest.trust import Policy
     from precompile.loader.artifact import Artifact
+    from precompile.manifest.trust import Policy
 
 _lock = threading.Lock()
 _entries: weakref.WeakValueDictionary[tuple[str, Any, int], Artifact] = weakref.WeakValueDictionary()
@@ -108,3 +108,51 @@ def forget() -> None:
     """Drop every entry (artifacts already handed out keep working): the next lookup of each key reads the cache."""
     with _lock:
         _entries.clear()
+
+
+def load(key: str, cache: Any, policy: Policy | None, *, bound: dict[int, Any] | None = None,
+         check_env: bool = True) -> Artifact | None:
+    """The artifact ``key`` from the open ``cache``: a sibling of this process's entry for it, or read, verified
+    and loaded (its engine built) and offered to later lookups; None on a miss (an entry whose engine fails to
+    load is one too: logged once, counted under ``errors``).  Holds the key's lock (:func:`loading`) throughout.
+
+    Args:
+        key: the artifact key (64 hex).
+        cache: the open cache.
+        policy: the trust policy it was opened with.
+        bound: the caller's weights by placeholder index.
+        check_env: compare the stored manifest's environment with this process's (False only for a key computed
+            here, from this environment).
+
+    Raises:
+        EnvironmentMismatchError: ``check_env`` and the stored artifact was built for another environment.
+    """
+    import logging
+    import time
+
+    from precompile import metrics
+    from precompile.metrics import safe_incr, warn_once
+    from precompile.store.cache_io import load_from_cache
+
+    log = logging.getLogger("precompile")
+    start = time.perf_counter()
+    with loading(key):
+        art = sibling(key, policy, bound=bound, cache=cache)
+        if art is not None:
+            log.info("cache hit %s (%s): shared with an earlier load of this process", key[:12], cache.url)
+            return art
+        art = load_from_cache(key, cache, bound=bound, check_env=check_env, policy=policy)
+        if art is None:
+            return None
+        try:
+            art.engine  # noqa: B018 - build the callable now, so the load time is honest and failures are a miss
+        except Exception as err:  # noqa: BLE001 - a stored artifact that does not load is rebuilt
+            warn_once(cache, f"artifact {key[:12]} from {cache.url} failed to load ({type(err).__name__}: {err}); "
+                             "rebuilding it", kind="engine load")
+            safe_incr(cache, errors=1)
+            metrics.note_miss("load_failed")
+            return None
+        remember(art, policy, cache)
+    art.load_seconds = time.perf_counter() - start
+    log.info("cache hit %s (%s) in %.3f s", key[:12], cache.url, art.load_seconds)
+    return art
