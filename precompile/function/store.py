@@ -24,6 +24,8 @@ log = logging.getLogger("precompile")
 
 #: Largest Dynamo part read, bytes (a real one is tens of kilobytes per traced frame).
 MAX_DYNAMO_BYTES = 256 << 20
+#: Largest piece map read, bytes (a vLLM model's: about 200 bytes per piece and compile range).
+MAX_PIECES_BYTES = 4 << 20
 
 #: Whole-function artifacts.
 FUNCTION = entries.Kind("function artifact", "function artifact", FunctionManifest.from_dict)
@@ -32,11 +34,13 @@ FUNCTION = entries.Kind("function artifact", "function artifact", FunctionManife
 @dataclass
 class Stored:
     """A verified whole-function entry: its manifest and the Dynamo part's bytes (digest checked, not unpickled;
-    empty for an entry stored as refused)."""
+    empty for an entry stored as refused), and its piece map's bytes (digest checked, not parsed; empty where it
+    has none)."""
 
     manifest: FunctionManifest
     dynamo: bytes
     digest: str = ""  # the manifest's digest (what the key's ref points at)
+    pieces: bytes = b""
 
 
 def drop(cache: Cache, key: str, why: str, digest: str | None = None) -> None:
@@ -72,16 +76,35 @@ def read(cache: Cache, key: str) -> Stored | None:
         # the backend verified the digest; checked again here because the next step unpickles
         if data is MISS or len(data) > MAX_DYNAMO_BYTES or digest_bytes(data) != part:
             raise entries.Damaged("its Dynamo part is missing or corrupt")
-        return Stored(manifest, bytes(data), entry.digest)
+        return Stored(manifest, bytes(data), entry.digest, _read_pieces(cache, manifest))
 
     return entries.read_entry(cache, key, FUNCTION, policy, finish)
 
 
-def write(cache: Cache, manifest: FunctionManifest, dynamo: bytes, over: str | None = None) -> str | None:
-    """Store the Dynamo part, then the manifest (signed where a signing key is configured), then the ref
-    (:func:`precompile.store.entries.write_entry`).
+def _read_pieces(cache: Cache, manifest: FunctionManifest) -> bytes:
+    """The piece map's bytes (``parts.pieces``), digest checked; empty where the manifest names none.
+
+    Raises:
+        entries.Damaged: it is over :data:`MAX_PIECES_BYTES`, missing or corrupt (the entry is then a miss)."""
+    part = manifest.parts.get("pieces")
+    if part is None:
+        return b""
+    size = int(manifest.blobs[part]["size"])
+    if size > MAX_PIECES_BYTES:
+        raise entries.Damaged(f"its piece map claims {size} bytes (at most {MAX_PIECES_BYTES})")
+    data = cache.get_blob(part, size)
+    if data is MISS or len(data) > MAX_PIECES_BYTES or digest_bytes(data) != part:
+        raise entries.Damaged("its piece map is missing or corrupt")
+    return bytes(data)
+
+
+def write(cache: Cache, manifest: FunctionManifest, dynamo: bytes, over: str | None = None,
+          pieces: bytes = b"") -> str | None:
+    """Store the Dynamo part (and the piece map, where ``manifest.parts`` names one), then the manifest (signed
+    where a signing key is configured), then the ref (:func:`precompile.store.entries.write_entry`).
 
     Args:
+        pieces: the piece map's bytes, the blob ``manifest.parts["pieces"]`` names (a vLLM entry's).
         over: after a retrace, the manifest digest this process loaded: the entry is rewritten only while the key
             still points at it (and, where the cache has leases, under the key's lease), so that of the workers a
             new size sends tracing at once, one rewrites the key and the others keep what it wrote.
@@ -112,12 +135,19 @@ def write(cache: Cache, manifest: FunctionManifest, dynamo: bytes, over: str | N
 
     try:
         written = entries.write_entry(cache, manifest, FUNCTION, before=still_ours,
-                                      parts=lambda signed: {signed.parts["dynamo"]: dynamo})
+                                      parts=lambda signed: _parts(signed, dynamo, pieces))
     finally:
         for token in held:
             with contextlib.suppress(CacheError):
                 cache.release_lease(manifest.key, token)
     return written[1] if written is not None else None
+
+
+def _parts(signed: FunctionManifest, dynamo: bytes, pieces: bytes) -> dict[str, bytes]:
+    out = {signed.parts["dynamo"]: dynamo}
+    if "pieces" in signed.parts:
+        out[signed.parts["pieces"]] = pieces
+    return out
 
 
 def write_refused(cache: Cache, key: str, factors: dict[str, Any], env: dict[str, Any], build: dict[str, Any]) -> None:

@@ -25,6 +25,8 @@ MAX_SOURCES = 65536
 MAX_GUARDS = 65536
 MAX_TEXT = 4096
 _BACKEND = re.compile(r"^__compiled_fn_[A-Za-z0-9_]{1,200}\Z")
+#: The parts a function manifest may name (``dynamo`` always, but in a manifest stored as refused).
+PART_NAMES = ("dynamo", "pieces")
 #: A module name in ``sources``: dotted names of letters, digits and underscores, the first starting with no digit
 #: (transformers' remote-code modules are ``transformers_modules.<repo>.<commit sha>``: a sha may start with one).
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+){0,31}\Z")
@@ -44,7 +46,8 @@ class FunctionManifest(ManifestJSON):
         factors: what the key hashes (:mod:`precompile.function.key`).
         parts: ``{"dynamo": digest}``: Dynamo's record of the function (its guarded bytecode, guards, resume
             functions), a pickle written by torch (:mod:`precompile.inductor.dynamo.pkg`); ``{}`` in a manifest
-            stored as refused (``build.refused`` says why the function could not be stored whole).
+            stored as refused (``build.refused`` says why the function could not be stored whole).  A vLLM entry
+            may add ``"pieces"``: the piece map, JSON (:mod:`precompile.integrations.vllm.pieces`).
         graphs: ``{compiled-graph name: graph artifact key}``: the name the stored bytecode calls each graph by,
             and the precompile artifact that graph loads from.
         sources: the functions Dynamo traced through: ``[{"module", "first", "last", "sha256"}]``
@@ -141,6 +144,12 @@ def _check(doc: dict[str, Any]) -> None:
                                       f"{MAX_TEXT} characters) on a manifest with no parts or blobs")
     elif _digest(doc["parts"].get("dynamo"), "parts.dynamo") not in blobs:
         raise ArtifactFormatError("function manifest field parts.dynamo names a blob not in its blobs")
+    for name, part in doc["parts"].items():
+        if name not in PART_NAMES:
+            raise ArtifactFormatError(f"function manifest field parts names an unknown part {str(name)[:80]!r} "
+                                      f"(known: {', '.join(PART_NAMES)})")
+        if _digest(part, f"parts.{name}") not in blobs:
+            raise ArtifactFormatError(f"function manifest field parts.{name} names a blob not in its blobs")
     for name, key in _bounded(doc["graphs"], dict, MAX_GRAPHS, "graphs").items():
         if not isinstance(name, str) or not _BACKEND.match(name):
             raise UnsafePathError(f"graphs: {str(name)[:80]!r} is not a Dynamo compiled-graph name", "graphs", name)
