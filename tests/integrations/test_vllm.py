@@ -141,7 +141,8 @@ def test_registry_modelinfo_travels_through_the_cache(tmp_path):
 @pytest.mark.slow
 def test_real_vllm_cold_then_fresh_process_hits_everything(tmp_path):
     """Cold start compiles into an empty cache; a fresh start with empty vLLM and Inductor dirs (a new machine) hits
-    every piece, builds nothing, and generates the same tokens, which equal vLLM's without compilation."""
+    every piece, builds nothing, and generates the same tokens, which equal vLLM's without compilation.  It gets
+    vLLM's AOT artifact and the pieces' map from the cache: no frame traced, no graph split or keyed."""
     from cache_backends.registry import open_cache
     from tools.cases.vllm_tiny import make_tiny_llama
 
@@ -166,8 +167,19 @@ def test_real_vllm_cold_then_fresh_process_hits_everything(tmp_path):
     assert "stored vLLM's AOT artifact" in cold["log"]
     assert "restored from the cache and loaded" in warm["log"], warm["log"][-3000:]
     assert "Dynamo frames traced in this process: 0" in warm["log"], warm["log"][-3000:]
+    # with it, the pieces' map: vLLM's runtime got its pieces from the stored keys, no graph split or keyed again
+    assert "stored the piece map of vLLM AOT artifact" in cold["log"], cold["log"][-3000:]
+    assert "pieces from precompile's piece map" in warm["log"], warm["log"][-3000:]
     # vLLM's model inspection ran on the cold start only: the new machine got its modelinfo from the cache
     assert after_cold["record_writes"] == 1 and after_warm["record_hits"] == 1, (after_cold, after_warm)
+    # a piece the map names was evicted: that start takes vLLM's own path, rebuilds the piece, same tokens
+    evicted = _piece_map_keys(cache)[-1]
+    assert open_cache(cache).delete_ref(evicted)
+    again = _start(model, backend, tmp_path / "evicted", cache)
+    after_again = open_cache(cache).counters()
+    assert f"piece artifact {evicted[:12]} is not in the cache" in again["log"], again["log"][-3000:]
+    assert after_again["builds"] == after_warm["builds"] + 1, (after_warm, after_again)
+    assert again["tokens"] == eager["tokens"]
 
 
 @pytest.mark.slow
@@ -191,6 +203,18 @@ def _start(model: str, kwargs: dict, dirs, cache: str | None) -> dict:
     out = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("{")][-1])
     out["log"] = proc.stderr
     return out
+
+
+def _piece_map_keys(cache: str) -> list[str]:
+    """The artifact keys the piece map of the one vLLM function artifact in ``cache`` names, read verified."""
+    from cache_backends.registry import open_cache
+    from precompile.function import store
+    from precompile.integrations.vllm.pieces import PieceMap
+    from precompile.store.lookup import stored_manifests
+
+    c = open_cache(cache)
+    [key] = [key for key, m in stored_manifests(c) if m and m.get("kind") == "function"]
+    return PieceMap.from_json(store.read(c, key).pieces).keys()
 
 
 def _round_trip_stored_graphs(cache: str) -> dict:

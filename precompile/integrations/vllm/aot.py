@@ -27,6 +27,7 @@ there is vLLM's recompile, which stores the new file over the old entry.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -36,6 +37,7 @@ from typing import Any
 
 from precompile import config
 from precompile._version import __version__
+from precompile.integrations.vllm import shim
 
 log = logging.getLogger("precompile")
 
@@ -62,7 +64,6 @@ def install() -> bool:
     global _installed
     if _installed:
         return True
-    from precompile.integrations.vllm import shim
 
     found = shim.aot_loader()
     if found is None:
@@ -104,13 +105,23 @@ def load_through_cache(original: Any, model: Any, path: str) -> Any:
     from precompile.function.key import function_key
 
     key = function_key(factors)
+    stored = _read(cache, key)
     restored = False
-    if not os.path.exists(path):
-        restored = _restore(cache, key, path)
+    if stored is not None and not os.path.exists(path):
+        restored = write_for_vllm(path, stored.dynamo, "vLLM's AOT artifact")
+    local = stored is not None and (restored or _same_file(path, stored.manifest.parts["dynamo"]))
+    pieces = _piece_map(stored, key) if local else None
     t1 = time.perf_counter()
+    from precompile.integrations.vllm import direct
     from precompile.integrations.vllm.platform import loading_for_precompile
 
-    with loading_for_precompile():  # vLLM 0.25 asks for the pieces' compiler here with no vLLM config current
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(loading_for_precompile())  # vLLM 0.25 asks for the pieces' compiler with no config set
+        served = None
+        if pieces is not None and direct.install():
+            from precompile.store.opening import open_with_policy
+
+            served = stack.enter_context(direct.pending(pieces, cache, open_with_policy(cache)[1]))
         fn = original(model, path)
     if fn is not None:
         if restored:
@@ -121,6 +132,10 @@ def load_through_cache(original: Any, model: Any, path: str) -> Any:
                  "Dynamo frames traced in this process: %d", entry,
                  "restored from the cache and loaded" if restored else "loaded from vLLM's dir", key[:12],
                  t1 - t0, time.perf_counter() - t1, frames_traced())
+        if served is not None and served.outcome == "direct":
+            _log_direct(served)
+        elif local:  # vLLM split and keyed the pieces itself: the map of what it found, for the next start
+            _add_piece_map(cache, stored, shim.compiled_function(fn), pieces)
         return fn
     safe_incr(cache, function_misses=1)
     log.info("no vLLM AOT artifact for %s (key %s): vLLM traces, and precompile stores what it saves",
@@ -153,15 +168,65 @@ def _cache() -> Any:
         return None
 
 
-def _restore(cache: Any, key: str, path: str) -> bool:
-    """Write the verified entry ``key`` to ``path`` (atomically); False on a miss, an entry stored as refused (it
-    has no AOT artifact: an empty file would be vLLM's to fail on) or a failed write."""
+def _read(cache: Any, key: str) -> Any:
+    """The verified entry ``key`` (:class:`precompile.function.store.Stored`), or None on a miss or an entry
+    stored as refused (it has no AOT artifact: an empty file would be vLLM's to fail on)."""
     from precompile.function import store
 
     stored = store.read(cache, key)
     if stored is None or stored.manifest.refused is not None or not stored.dynamo:
+        return None
+    return stored
+
+
+def _same_file(path: str, digest: str) -> bool:
+    """Whether the file vLLM will load at ``path`` is, byte for byte, the stored part ``digest`` (a file vLLM
+    wrote itself may be another trace of the same key, whose pieces the stored map does not describe)."""
+    from cache_backends.base import digest_bytes
+
+    try:
+        with open(path, "rb") as f:
+            data = f.read(_max_bytes() + 1)
+    except OSError:
         return False
-    return write_for_vllm(path, stored.dynamo, "vLLM's AOT artifact")
+    return digest_bytes(data) == digest
+
+
+def _piece_map(stored: Any, key: str) -> Any:
+    """The stored entry's piece map, or None where it has none or it is refused (logged)."""
+    from precompile.errors import ArtifactFormatError
+    from precompile.integrations.vllm.pieces import PieceMap
+
+    if not stored.pieces:
+        return None
+    try:
+        return PieceMap.from_json(stored.pieces)
+    except ArtifactFormatError as err:
+        log.warning("the piece map of vLLM AOT artifact %s is refused (%s); vLLM splits and keys the pieces",
+                    key[:12], err)
+        return None
+
+
+def _log_direct(served: Any) -> None:
+    for submod, rng, key, seconds, engine in served.records:
+        log.info("precompile - %s range (%d, %d): hit in %.3f s (key %s, engine %s)", submod, rng[0], rng[1],
+                 seconds, key[:12], engine)
+    log.info("vLLM's %d pieces from precompile's piece map: %d artifacts loaded in %.3f s (no split, no fake run, "
+             "no piece keyed)", len(served.pieces.pieces), served.keys, served.seconds)
+
+
+def _add_piece_map(cache: Any, stored: Any, compiled_fn: Any, had: Any) -> None:
+    """Store ``stored`` again with the piece map of ``compiled_fn`` (loaded through vLLM's own path), where it
+    has none or another one; only while the key still names the entry read (another worker's write wins)."""
+    from precompile.integrations.vllm.pieces import record
+
+    pieces, why = record(compiled_fn)
+    if pieces is None:
+        log.info("no piece map for vLLM AOT artifact %s: %s", stored.manifest.key[:12], why)
+        return
+    if had == pieces:
+        return
+    _write(cache, stored.manifest, stored.dynamo, pieces, over=stored.digest)
 
 
 def write_for_vllm(path: str, data: bytes, what: str) -> bool:
@@ -186,7 +251,7 @@ def write_for_vllm(path: str, data: bytes, what: str) -> bool:
 
 def _publish_after_save(model: Any, cache: Any, key: str, factors: dict[str, Any], path: str) -> None:
     """Make ``model.save_aot_compiled_function`` (vLLM's, called once its AOT compile is done) also store the
-    file it writes under ``key``."""
+    file it writes under ``key``, with the piece map of what it compiled."""
     save = getattr(model, "save_aot_compiled_function", None)
     if not callable(save):
         return
@@ -201,19 +266,25 @@ def _publish_after_save(model: Any, cache: Any, key: str, factors: dict[str, Any
                 data = f.read(_max_bytes() + 1)
         except OSError:
             return
-        publish(cache, key, factors, data, seconds=time.time() - started, name=_name(model))
+        from precompile.integrations.vllm.pieces import record
+
+        pieces, why = record(shim.compiled_function(getattr(model, "aot_compiled_fn", None)))
+        if pieces is None:
+            log.info("no piece map for vLLM AOT artifact %s: %s", key[:12], why)
+        publish(cache, key, factors, data, seconds=time.time() - started, name=_name(model), pieces=pieces)
 
     object.__setattr__(model, "save_aot_compiled_function", save_aot_compiled_function)
 
 
-def publish(cache: Any, key: str, factors: dict[str, Any], data: bytes, *, seconds: float, name: str) -> bool:
-    """Store vLLM's AOT file ``data`` as the whole-function artifact ``key``; False if too large or refused."""
+def publish(cache: Any, key: str, factors: dict[str, Any], data: bytes, *, seconds: float, name: str,
+            pieces: Any = None) -> bool:
+    """Store vLLM's AOT file ``data`` as the whole-function artifact ``key``, with the piece map ``pieces``
+    (:class:`~precompile.integrations.vllm.pieces.PieceMap`) where given; False if too large or refused."""
     import torch
 
     from cache_backends.base import digest_bytes
-    from precompile.manifest.function_manifest import FunctionManifest
-    from precompile.function import store
     from precompile.key import fingerprint
+    from precompile.manifest.function_manifest import FunctionManifest
     from precompile.metrics import safe_incr
 
     if len(data) > _max_bytes():
@@ -227,10 +298,33 @@ def publish(cache: Any, key: str, factors: dict[str, Any], data: bytes, *, secon
         build={"seconds": round(seconds, 3), "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                "precompile": __version__, "torch": torch.__version__, "function": name,
                "vllm_aot": factors["vllm"]["aot_entry"]})
-    if store.write(cache, manifest, data) is None:
+    if not _write(cache, manifest, data, pieces):
         return False
     safe_incr(cache, function_builds=1)
     log.info("stored vLLM's AOT artifact for %s as %s (%d bytes)", name, key[:12], len(data))
+    return True
+
+
+def _write(cache: Any, manifest: Any, data: bytes, pieces: Any, over: str | None = None) -> bool:
+    """Write ``manifest`` (its ``dynamo`` part ``data``) with the piece map ``pieces`` as its ``pieces`` part
+    (replacing any it had), or without one where None."""
+    import dataclasses
+
+    from cache_backends.base import digest_bytes
+    from precompile.function import store
+
+    raw = pieces.to_json() if pieces is not None else b""
+    parts = {"dynamo": manifest.parts["dynamo"]}
+    blobs = {parts["dynamo"]: manifest.blobs[parts["dynamo"]]}
+    if pieces is not None:
+        parts["pieces"] = digest_bytes(raw)
+        blobs[parts["pieces"]] = {"size": len(raw), "role": "vllm pieces"}
+    manifest = dataclasses.replace(manifest, parts=parts, blobs=blobs, signature=None)
+    if store.write(cache, manifest, data, over=over, pieces=raw) is None:
+        return False
+    if pieces is not None:
+        log.info("stored the piece map of vLLM AOT artifact %s: %d pieces, %d artifacts", manifest.key[:12],
+                 len(pieces.pieces), len(pieces.keys()))
     return True
 
 

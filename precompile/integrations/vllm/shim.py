@@ -196,3 +196,73 @@ def modelinfo_class() -> Any:
     from vllm.model_executor.models.registry import _ModelInfo
 
     return _ModelInfo
+
+
+def serializable_function_class() -> Any:
+    """vLLM's ``VllmSerializableFunction`` (``vllm.compilation.caching``: what its AOT artifact holds as the
+    compiled function), or None where this vLLM has none."""
+    try:
+        from vllm.compilation.caching import VllmSerializableFunction
+    except ImportError:
+        return None
+    return VllmSerializableFunction
+
+
+def compiled_function(aot_fn: Any) -> Any:
+    """The ``VllmSerializableFunction`` of an AOT-compiled forward (torch's ``AOTCompiledFunction``, what vLLM's
+    AOT load returns and keeps as ``model.aot_compiled_fn``: its ``_artifacts.compiled_fn``), or None."""
+    return getattr(getattr(aot_fn, "_artifacts", None), "compiled_fn", None)
+
+
+def piecewise_backends(compiled_fn: Any) -> list[tuple[str, Any]]:
+    """``(submodule name, PiecewiseBackend)`` of every compiled piece of a compiled function whose
+    ``vllm_backend`` split it (unwrapping vLLM's CUDA graph wrapper, ``.runnable``); empty where it has none."""
+    try:
+        from vllm.compilation.piecewise_backend import PiecewiseBackend
+    except ImportError:
+        return []
+    split_gm = getattr(getattr(compiled_fn, "vllm_backend", None), "split_gm", None)
+    if split_gm is None:
+        return []
+    out = []
+    for name, _ in split_gm.named_children():
+        child = getattr(split_gm, name)  # the instance attribute vLLM set shadows the submodule
+        backend = getattr(child, "runnable", child)
+        if isinstance(backend, PiecewiseBackend):
+            out.append((name, backend))
+    return out
+
+
+def function_state(data: bytes) -> tuple[dict[str, Any], Any]:
+    """``(state, fake mode)``: the state of a ``VllmSerializableFunction`` as vLLM's
+    ``deserialize_compile_artifacts`` reads it from its AOT artifact (the same bytes it would read: a pickle of
+    vLLM's, verified by the caller), but its Dynamo graph left serialized: the example inputs on a new fake mode,
+    the "mega" artifact's keys dropped (the piece map stands for them)."""
+    import pickle
+
+    from torch._subclasses import FakeTensorMode
+    from torch.fx._graph_pickler import GraphPickler
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    state = pickle.loads(data)  # noqa: S301 - vLLM's own AOT artifact, whose digest the caller checked
+    fake_mode = FakeTensorMode(shape_env=ShapeEnv())
+    state["example_inputs"] = GraphPickler.loads(state["example_inputs"], fake_mode)
+    for name in ("standalone_compile_artifacts", "sym_shape_indices_map", "returns_tuple_map"):
+        state.pop(name, None)
+    return state, fake_mode
+
+
+def piecewise_runtime() -> Any:
+    """What vLLM's runtime of a split model is made of (``vllm.compilation``): a namespace of ``VllmBackend``,
+    ``PiecewiseBackend``, ``Range``, ``wrap_with_cudagraph_if_needed``, ``make_copy_and_call`` and
+    ``compile_execution_fn``, as vLLM's own ``reconstruct_serializable_fn_from_mega_artifact`` uses them."""
+    from types import SimpleNamespace
+
+    from vllm.compilation.backends import VllmBackend, make_copy_and_call, wrap_with_cudagraph_if_needed
+    from vllm.compilation.codegen import compile_execution_fn
+    from vllm.compilation.piecewise_backend import PiecewiseBackend
+    from vllm.config.utils import Range
+
+    return SimpleNamespace(VllmBackend=VllmBackend, PiecewiseBackend=PiecewiseBackend, Range=Range,
+                           wrap_with_cudagraph_if_needed=wrap_with_cudagraph_if_needed,
+                           make_copy_and_call=make_copy_and_call, compile_execution_fn=compile_execution_fn)
