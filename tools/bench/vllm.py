@@ -6,7 +6,9 @@
 ``--layers``/``--hidden`` shape the model (``tools.cases.vllm_tiny.shape``; one model per work dir: the 8- and 28-layer
 rows of docs/benchmarks.md come from two work dirs).  Each start's compile phase is split as vLLM logs it: Dynamo
 (a warm start: vLLM's AOT load of Dynamo's output), the backend's pieces (precompile's, or vLLM's Inductor
-adaptor's), and of those precompile's own seconds.
+adaptor's), and of those precompile's own seconds.  A warm start served by precompile's piece map
+(``precompile.integrations.vllm.direct``) logs no split: its AOT load is then vLLM's unpickling and source check,
+and its pieces are the piece map's loads.
 
 Run with the Python of an environment where vLLM and precompile are installed (``tools/install/vllm_cpu.sh`` on a
 CPU; on the GPU machine, ``tools/gpu/vllm_gpu.py``).  Scenarios, in order, each one fresh
@@ -67,6 +69,9 @@ AOT = re.compile(r"vLLM AOT artifact \S+ (restored from the cache and loaded|loa
                  r"precompile ([\d.]+) s, vLLM's load [\d.]+ s \(its pieces included\); Dynamo frames traced in this "
                  r"process: (\d+)")
 STAMP = r"(\d\d):(\d\d):(\d\d)\.(\d{3}) INFO \[[^\]]*\] "
+#: A warm start served by precompile's piece map: vLLM's own load is then its AOT line's less this.
+DIRECT = re.compile(r"vLLM's \d+ pieces from precompile's piece map: \d+ artifacts loaded in ([\d.]+) s")
+AOT_LOAD = re.compile(r"vLLM's load ([\d.]+) s \(its pieces included\)")
 WARM_START = re.compile(STAMP + r"Warming up model for the compilation")
 #: vLLM's own split of its compile phase: Dynamo (or its AOT load of Dynamo's output), then the backend's pieces.
 DYNAMO_TIME = re.compile(r"Dynamo bytecode transform time: ([\d.]+) s")
@@ -205,6 +210,10 @@ def run_one(model: str, sc: dict, work: Path, device: str, timeout: float) -> di
                frames=out.get("frames", int(aot.group(3)) if aot else None), aot=aot.group(1) if aot else None,
                dynamo_s=sum(float(x) for x in DYNAMO_TIME.findall(log)) or None,
                backend_s=sum(float(x) for x in RANGE_TIME.findall(log)) or None)
+    direct, aot_load = DIRECT.search(log), AOT_LOAD.search(log)
+    if direct and aot_load:  # no split and no piece keyed: vLLM's load is its unpickling and source check
+        out.update(dynamo_s=round(float(aot_load.group(1)) - float(direct.group(1)), 3),
+                   backend_s=float(direct.group(1)))
     if sc.get("explain_against") and pieces:
         out["explain"] = explain(pieces[0][5], sc["cache"], sc["explain_against"])
     return out
