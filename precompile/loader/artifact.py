@@ -235,8 +235,8 @@ class Artifact:
             elif spec.get("type") == "tensor":
                 dtype = getattr(torch, spec["dtype"])
                 device = spec["device"]
-                if device == "cuda":
-                    device = torch.device("cuda", torch.cuda.current_device())
+                if device == "cuda":  # the GPU its kernels are compiled for
+                    device = torch.device("cuda", int(spec.get("device_index", 0)))
                 shape = [size_at(d, sizes) for d in spec["shape"]]
                 stride = [size_at(d, sizes) for d in spec["stride"]]
                 flat.append(torch.empty_strided(shape, stride, dtype=dtype, device=device).zero_())

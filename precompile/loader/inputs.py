@@ -1,6 +1,7 @@
 """Checking what an artifact is called with: each input against its placeholder's spec, then the size guards.
 
-Static sizes, strides, dtypes, device types and int values are checked per placeholder; symbolic sizes (written
+Static sizes, strides, dtypes, device types (and the CUDA device index an artifact's kernels are loaded for) and
+int values are checked per placeholder; symbolic sizes (written
 as expressions like ``"s0"`` or ``"16*s0"`` in the spec) are checked by the artifact's size guards
 (:class:`precompile.key.guards.Guards`), which also bound each symbol to its range.  A failed check is an
 :class:`~precompile.errors.InputMismatchError` that names every placeholder concerned and what was expected,
@@ -21,15 +22,19 @@ from precompile.key.guards import Guards, GuardSyntaxError, evaluate_size
 class InputCheck:
     """The check of one placeholder (built from its spec in the manifest)."""
 
-    __slots__ = ("name", "is_tensor", "dtype", "shape", "stride", "device", "value", "text")
+    __slots__ = ("name", "is_tensor", "dtype", "shape", "stride", "device", "index", "value", "text")
 
     def __init__(self, name: str, is_tensor: bool, dtype: torch.dtype | None,
                  shape: tuple[int | None, ...] | None, device: str | None,
-                 stride: tuple[int | None, ...] | None = None, value: int | float | None = None):
+                 stride: tuple[int | None, ...] | None = None, value: int | float | None = None,
+                 index: int | None = None):
         self.name, self.is_tensor = name, is_tensor
         self.dtype, self.shape, self.device, self.stride, self.value = dtype, shape, device, stride, value
+        #: the CUDA device index the artifact was compiled for (its kernels are loaded there); None off CUDA
+        self.index = index if index is not None else (0 if device == "cuda" else None)
         dims = "x".join("?" if d is None else str(d) for d in (shape or ()))
-        self.text = (f"tensor[{dims}] {str(dtype).removeprefix('torch.')} on {device}" if is_tensor
+        where = f"{device}:{self.index}" if self.index else device
+        self.text = (f"tensor[{dims}] {str(dtype).removeprefix('torch.')} on {where}" if is_tensor
                      else "a number" if value is None else f"the number {value}")
 
     @classmethod
@@ -47,7 +52,10 @@ class InputCheck:
             raise ArtifactFormatError(f"placeholder {spec['name']!r} has dtype {spec['dtype']!r}, not a torch dtype")
         shape = tuple(d if isinstance(d, int) else None for d in spec["shape"])
         stride = tuple(d if isinstance(d, int) else None for d in spec.get("stride") or ()) or None
-        return cls(spec["name"], True, dtype, shape, spec["device"], stride)
+        index = spec.get("device_index")
+        if index is not None and (not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < 4096):
+            raise ArtifactFormatError(f"placeholder {spec['name']!r} has device index {str(index)[:20]!r}")
+        return cls(spec["name"], True, dtype, shape, spec["device"], stride, index=index)
 
     def problem(self, value: Any) -> str | None:
         """None if ``value`` fits this placeholder, else what is wrong, in words."""
@@ -65,6 +73,9 @@ class InputCheck:
                 e is not None and e != s for e, s in zip(self.shape, value.shape)):
             got = "x".join(map(str, value.shape))
             return f"expected {self.text}, got tensor[{got}] {str(value.dtype).removeprefix('torch.')} on {value.device.type}"
+        if self.index is not None and value.device.index != self.index:
+            return (f"expected {self.text}, got a tensor on {value.device} (the artifact's kernels are compiled and "
+                    f"loaded for cuda:{self.index}; a process on another GPU keys and builds its own)")
         if self.stride is not None and len(self.stride) == value.dim() and value.numel() and any(
                 e is not None and n > 1 and e != s for e, s, n in zip(self.stride, value.stride(), value.shape)):
             # the compiled code indexes with the example's strides (Inductor asserts them; dims of size 1 are free)
@@ -178,7 +189,7 @@ def _strides(c: InputCheck) -> tuple[int | None, ...] | None:
 def fast_check(checks: Sequence[InputCheck], skip: frozenset[int], guards: Guards | None,
                examples: Sequence[Any] | None = None) -> Callable[[Sequence[Any]], bool] | None:
     """A function ``ok(flat) -> bool`` that is True only for inputs every check accepts: per placeholder not in
-    ``skip``, a tensor of the exact dtype, device type, rank, static sizes and strides (free on dimensions of size
+    ``skip``, a tensor of the exact dtype, device type (and CUDA device index), rank, static sizes and strides (free on dimensions of size
     1), or a number of the exact type and specialized value; then the size guards.  False means "not sure": the
     caller runs the full check.
 
@@ -232,6 +243,8 @@ def fast_check(checks: Sequence[InputCheck], skip: frozenset[int], guards: Guard
         else:
             ns[f"DEV{i}"] = c.device
             conds.append(f"x.device.type == DEV{i}")
+        if c.index is not None:
+            conds.append(f"x.get_device() == {int(c.index)}")
         lines += ["    if not (" + " and ".join(conds) + "):", "        return False", "    s = x.shape"]
         if all(d is not None for d in c.shape):
             ns[f"S{i}"] = tuple(c.shape)

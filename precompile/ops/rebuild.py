@@ -63,6 +63,7 @@ from precompile.key import fingerprint, sdpa
 from precompile.ops import rebuild_bounds
 from precompile.ops.rebuild_bounds import Failed, Refused
 from precompile.ops.rebuild_bounds import dtype_named as _dtype
+from precompile.ops.rebuild_bounds import spec_device
 
 log = logging.getLogger("precompile")
 
@@ -112,7 +113,7 @@ def example_inputs(manifest: Manifest, seed: int = 0) -> list[Any]:
             if device == "cuda" and not torch.cuda.is_available():
                 raise Refused("it was built for CUDA and this machine has no GPU")
             dtype = _dtype(spec["dtype"])
-            t = torch.empty_strided(spec["shape"], spec["stride"], dtype=dtype, device=device)
+            t = torch.empty_strided(spec["shape"], spec["stride"], dtype=dtype, device=spec_device(spec))
             storage = t.as_strided((rebuild_bounds.spec_bytes(spec)[0] // dtype.itemsize,), (1,))
             if t.is_floating_point() or t.is_complex():
                 storage.copy_(torch.randn(storage.shape, generator=gen, dtype=torch.float32).to(dtype))

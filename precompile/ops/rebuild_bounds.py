@@ -88,6 +88,17 @@ def dtype_named(name: Any) -> torch.dtype:
     return found
 
 
+def spec_device(spec: dict[str, Any]) -> torch.device:
+    """The device of a tensor placeholder spec: its type, and for CUDA the index it was compiled for (the spec's
+    ``device_index``, 0 where absent).  The caller has checked the type is ``cpu`` or ``cuda``."""
+    if spec["device"] != "cuda":
+        return torch.device(spec["device"])
+    index = spec.get("device_index", 0)
+    if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < 4096:
+        raise Refused(f"input {spec.get('name')!r:.60} has device index {str(index)[:20]!r}")
+    return torch.device("cuda", index)
+
+
 def _size(n: int) -> str:
     for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if n >= scale:
@@ -369,7 +380,7 @@ def _fake_input(spec: dict[str, Any]) -> Any:
         if spec.get("value") is None:
             raise Refused(f"input {spec.get('name')!r:.60} is a symbolic number")
         return spec["value"]
-    t = torch.empty_strided(spec["shape"], spec["stride"], dtype=dtype_named(spec["dtype"]), device=spec["device"])
+    t = torch.empty_strided(spec["shape"], spec["stride"], dtype=dtype_named(spec["dtype"]), device=spec_device(spec))
     return t.requires_grad_(bool(spec.get("requires_grad"))) if t.is_floating_point() else t
 
 

@@ -29,6 +29,7 @@ _ENV_WHAT = {"torch": "torch build", "torch_git": "torch build", "gpu_name": "GP
              "cuda": "CUDA", "triton": "Triton", "cpu_capability": "CPU ISA", "python": "Python",
              "machine": "machine"}
 _INPUT_WHAT = {"dtype": "input dtype", "shape": "input shape", "stride": "input stride", "aligned": "input alignment",
+               "device_index": "input device index",
                "requires_grad": "input requires_grad", "device": "input device", "kind": "input kind",
                "type": "input type", "value": "specialized number", "size": "symbolic size"}
 
