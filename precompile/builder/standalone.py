@@ -114,8 +114,10 @@ def standalone_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], 
             before_build()
         art = build(norm, plan)
         safe_incr(c, builds=1)
+        started = time.perf_counter()
         if store(c, art):
-            log.info("stored %s in %s (%d bytes)", key[:12], c.url, art.manifest.total_bytes())
+            log.info("stored %s in %s (%d bytes) in %.2f s", key[:12], c.url, art.manifest.total_bytes(),
+                     time.perf_counter() - started)
         shared.remember(art, policy, c)  # later pieces of this key in this process use it, without reading it back
         return art
 
@@ -155,6 +157,7 @@ def build(norm: NormalizedGraph, plan: Plan) -> Artifact:
     from precompile.inductor.build.products import NotSaveableError
 
     log.info("compiling %s (%d placeholders)", plan.key[:12], len(plan.specs))
+    started = time.perf_counter()
     try:
         with sdpa.priority(plan.sdpa_order):
             result = inductor_compile.compile_graph(norm.gm, plan.compile_inputs,
@@ -210,8 +213,11 @@ def build(norm: NormalizedGraph, plan: Plan) -> Artifact:
     from precompile.inductor.build.runs import unset_outputs
 
     unset = unset_outputs(norm.gm)
+    phases = {"inductor": result.compile_seconds, **result.phase_seconds}
+    lap = time.perf_counter()
     fast, fast_off = fast_plan(result, plan.run_inputs if plan.runnable else None, more_inputs,
                                graph_outputs=_output_aliases(norm.gm), unset=unset)
+    phases["fast plan"], lap = time.perf_counter() - lap, time.perf_counter()
     if fast is not None:  # the wrapper as the fast path runs it, imports replaced: loads skip the rewrite
         fast["source"] = put(fast["source"].encode(), "fast wrapper (imports replaced)")
     else:
@@ -219,6 +225,10 @@ def build(norm: NormalizedGraph, plan: Plan) -> Artifact:
     parts["fast"] = fast
     no_fast = (fast_off or "not offered") if fast is None else None
     parts["wrapper_graph"], host_code = _wrapper_graph(norm, plan, result, shapes, put, no_fast, unset)
+    phases["wrapper graph"] = time.perf_counter() - lap
+    total = time.perf_counter() - started
+    log.info("built %s in %.2f s: %s, the rest %.2f s", plan.key[:12], total,
+             ", ".join(f"{name} {sec:.2f} s" for name, sec in phases.items()), total - sum(phases.values()))
     manifest = Manifest(
         key=plan.key, factors=plan.factors, placeholders=plan.specs, parts=parts, kernels=kernels,
         autotune={"kernels": {k["name"]: k["config"] for k in kernels if k["config"]}, "other": result.autotune,

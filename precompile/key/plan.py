@@ -119,10 +119,11 @@ def input_specs(norm: NormalizedGraph, flat_inputs: Sequence[Any], symbols: Any,
                 "dtype": str(value.dtype).removeprefix("torch."), "device": value.device.type,
                 "requires_grad": bool(value.requires_grad), "aligned": value.data_ptr() % 16 == 0,
             })
-            if value.device.type == "cuda" and value.device.index:
+            if value.device.type == "cuda":
                 # Inductor compiles for one GPU (its wrapper and launch records name the device), so an artifact
-                # built on cuda:1 is another artifact than cuda:0's; left out for index 0, keeping earlier keys
-                spec["device_index"] = int(value.device.index)
+                # built on cuda:1 is another artifact than cuda:0's.  Keyed on every GPU, cuda:0 included: a key
+                # without it (before format 3's device index) may hold a tensor-parallel rank's cuda:1 build
+                spec["device_index"] = int(value.device.index or 0)
         elif isinstance(value, (int, float, bool, torch.SymInt, torch.SymFloat)):
             kind = "bool" if isinstance(value, bool) else "float" if isinstance(value, (float, torch.SymFloat)) else "int"
             spec["type"] = kind

@@ -50,6 +50,18 @@ def _build_cache_dir(reuse: str | None = None):
                 os.environ[k] = v
 
 
+def _lap_clock(phases: dict[str, float]):
+    """``lap(name)``: adds the seconds since the previous lap (or since this call) to ``phases[name]``."""
+    last = [time.perf_counter()]
+
+    def lap(name: str) -> None:
+        now = time.perf_counter()
+        phases[name] = phases.get(name, 0.0) + now - last[0]
+        last[0] = now
+
+    return lap
+
+
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], run_inputs: list[Any] | None, *,
                   dynamic_shapes: str, options: dict[str, Any] | None) -> BuildResult:
     """Compile ``gm`` with Inductor and harvest everything it produced (see :class:`BuildResult`).
@@ -81,10 +93,15 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], run_input
                 raise NotSaveableError(f"expected one AOTAutograd cache entry, Inductor produced {len(aot)}; "
                                        "something in the graph is not cacheable")
             payload = pickle.dumps({"aot_key": aot[0], "cache_artifacts": payload_bytes}, protocol=4)
+            phases: dict[str, float] = {}
+            lap = _lap_clock(phases)
             graphs = _read_fx_graphs(root)
             facts = harvest.graph_facts(graphs)
+            lap("harvest")
             settled = cuda_pack.settle_triton_autotuning(compiled, run_inputs, graphs, facts["mutated_inputs"])
+            lap("settle")
             products = harvest.harvest(root, graphs)
+            lap("harvest")
             fast_off = settled or cuda_pack.package_triton_kernels(root, products["kernels"])
             multi_kernel: dict[str, int] = {}
             if fast_off is None:
@@ -92,6 +109,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], run_input
                     multi_kernel = cuda_pack.multi_kernel_picks(products["kernels"], "".join(facts["wrappers"].values()))
                 except cuda_pack.NotFast as err:
                     fast_off = str(err)
+            lap("package")
             cache_files = {str(p.relative_to(root)): p.stat().st_size for p in Path(root).rglob("*") if p.is_file()}
             ks = products["kernels"]
             log.info("compiled in %.1f s: %d kernels (%d cpp, %d triton), %d with binaries, %d autotune picks, "
@@ -109,7 +127,8 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], run_input
             else:
                 shutil.rmtree(root, ignore_errors=True)
     return BuildResult(compiled_fn=compiled, engine_payload=payload, cache_files=cache_files, compile_seconds=seconds,
-                       fast_off=fast_off, multi_kernel=multi_kernel, tuned=tuned, cache_dir=kept, **facts, **products)
+                       fast_off=fast_off, multi_kernel=multi_kernel, tuned=tuned, cache_dir=kept, phase_seconds=phases,
+                       **facts, **products)
 
 
 def _read_fx_graphs(root: str) -> list[Any]:

@@ -51,6 +51,9 @@ class BuildResult:
         benchmark_leftovers: ``.best_config`` files of kernels only a benchmark compiled (not picks).
         cache_dir: the compile's private Inductor + Triton cache dir while it lives (a GPU build's, kept until the
             process ends: it holds the first compile's on-disk autotune results for a second compile), else None.
+        phase_seconds: wall seconds of each step of the build after Inductor's compile (``settle``: the run that
+            settles autotuning; ``harvest``: reading the products; ``package``: packaging kernels for the fast
+            engine), for the build's log line.
     """
 
     compiled_fn: Any
@@ -68,6 +71,7 @@ class BuildResult:
     tuned: list[dict[str, Any]] = field(default_factory=list)
     benchmark_leftovers: int = 0
     cache_dir: str | None = None
+    phase_seconds: dict[str, float] = field(default_factory=dict)
 
 
 class NotSaveableError(RuntimeError):
