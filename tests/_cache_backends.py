@@ -16,9 +16,10 @@ def unique_prefix() -> str:
 
 # ------------------------------------------------------------------------------------- the backends here
 class LocalBackend(Backend):
-    """``file://DIR``: no leases, LRU eviction by size; down = the directory replaced by a regular file."""
+    """``file://DIR``: leases held by a process's ``flock`` (they end with it), LRU eviction by size; down = the
+    directory replaced by a regular file."""
 
-    leases = False
+    leases_end_with_holder = True
     evicts = True
 
     def __init__(self, root):

@@ -40,6 +40,8 @@ class Backend:
 
     #: build leases (``supports_leases``): take, renew, release, expiry
     leases = True
+    #: a lease is a lock its holder's process keeps (it ends when that process dies), not a key with an expiry
+    leases_end_with_holder = False
     #: ``open(evict_bytes=N)`` caps the store at N bytes and evicts least recently used artifacts past it
     evicts = False
     #: ``open(ttl=S)``: everything expires S seconds after its last read or write
@@ -182,6 +184,9 @@ class CacheSuite:
             with pytest.raises(NotImplementedError):
                 cache.acquire_lease(KEY)
             return
+        if backend.leases_end_with_holder:
+            self._leases_end_with_their_holder(backend)
+            return
         # a's lease length is 5 s, b's 0.4 s: a lease is one only with an expiry within the reader's lease length
         a, b = backend.open(lease_ttl=5.0), backend.open(lease_ttl=0.4)
         assert a.supports_leases
@@ -200,6 +205,41 @@ class CacheSuite:
         assert token_a and not b.renew_lease(KEY, token_b) and not b.release_lease(KEY, token_b)
         assert a.lease_held(KEY) and not b.lease_held(KEY)  # 5 s: longer than b's lease length, no lease to b
         assert a.release_lease(KEY, token_a)
+
+    @staticmethod
+    def _leases_end_with_their_holder(backend):
+        import subprocess
+        import sys
+
+        from conftest import python_env
+
+        a, b = backend.open(), backend.open()
+        assert a.supports_leases and not a.lease_held(KEY)
+        token = a.acquire_lease(KEY)
+        assert token and b.acquire_lease(KEY) is None and b.lease_held(KEY) and a.acquire_lease(KEY) is None
+        assert not b.release_lease(KEY, "not-the-token") and a.lease_held(KEY)  # only the holder releases
+        assert a.renew_lease(KEY, token) and not b.renew_lease(KEY, token)
+        assert a.release_lease(KEY, token) and not a.lease_held(KEY) and not a.renew_lease(KEY, token)
+        assert not a.release_lease(KEY, token)  # given back once
+        # a holder in another process, killed while it holds the lease (a builder OOM-killed): the lease ends
+        # with it at once, with no expiry to wait out
+        hold = ("import sys, time\nfrom cache_backends import open_cache\ncache = open_cache(sys.argv[1])\n"
+                "print('held' if cache.acquire_lease(sys.argv[2]) else 'taken', flush=True)\ntime.sleep(300)\n")
+        proc = subprocess.Popen([sys.executable, "-c", hold, backend.url(), KEY], stdout=subprocess.PIPE, text=True,
+                                env=python_env())
+        try:
+            assert proc.stdout.readline().strip() == "held"
+            assert a.lease_held(KEY) and a.acquire_lease(KEY) is None
+            read_only = backend.open(read_only=True)
+            assert read_only.lease_held(KEY)  # a read-only worker still sees whose build to wait for
+            with pytest.raises(CacheReadOnlyError):
+                read_only.acquire_lease(KEY)
+        finally:
+            proc.kill()
+            proc.wait()
+        assert not a.lease_held(KEY)
+        token = a.acquire_lease(KEY)
+        assert token and a.release_lease(KEY, token)
 
     # ---------------------------------------------------------------------------------------- counters
     def test_counters_are_shared_and_never_raise(self, backend, cache, caplog):

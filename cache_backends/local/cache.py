@@ -6,13 +6,14 @@ Layout under the root directory (see DESIGN.md, "Cache layout")::
     ref/<artifact key>      a small text file holding one digest (the artifact's manifest); its mtime is the LRU clock
     stats.json              persisted counters (see :data:`cache_backends.base.COUNTERS`)
     locks/                  ``filelock`` lock files (stats.lock, evict.lock; fetch/: one download per host,
-                            :mod:`cache_backends.local.fetch`)
+                            :mod:`cache_backends.local.fetch`; lease/: one build per key,
+                            :mod:`cache_backends.local.leases`)
     tmp/                    files being removed (moved here first, checked, then unlinked)
 
 Every write goes to ``<name>.<uuid4 hex>.incomplete`` beside its target, is flushed and fsynced, then moved into
 place with :func:`os.replace`, so a reader sees a whole file or none, and a crash never leaves a partial file under
-a final name.  Every read is verified against its digest.  The locks only serialize counters and eviction; cache
-correctness does not depend on them (as in the Hugging Face hub cache).
+a final name.  Every read is verified against its digest.  The locks only serialize counters, eviction, fetches
+and builds; cache correctness does not depend on them (as in the Hugging Face hub cache).
 
 >>> import tempfile
 >>> tmp = tempfile.TemporaryDirectory()
@@ -56,6 +57,7 @@ from cache_backends.local.counters import LocalCountersMixin
 from cache_backends.local.fetch import DEFAULT_FETCH_WAIT_S, LocalFetchMixin
 from cache_backends.local.files import SUSPECT, LocalFilesMixin, drop_ident, warn_if_writable_by_others
 from cache_backends.local.heal import heal
+from cache_backends.local.leases import LocalLeasesMixin
 from cache_backends.local.upkeep import (  # noqa: F401 - manifest_blob_digests, the constants: re-exported
     EVICT_TARGET_FRACTION, SIZE_RESCAN_S, STALE_TEMP_S, LocalUpkeepMixin, manifest_blob_digests)
 from cache_backends.local.url import make_file_url, parse_file_url
@@ -75,7 +77,7 @@ DEFAULT_GRACE_S = 60.0
 _MAX_READ_THREADS = 8
 
 
-class LocalCache(LocalUpkeepMixin, LocalCountersMixin, LocalFilesMixin, LocalFetchMixin, Cache):
+class LocalCache(LocalUpkeepMixin, LocalCountersMixin, LocalFilesMixin, LocalFetchMixin, LocalLeasesMixin, Cache):
     """A blob store + ref table + counters in one directory; many processes may share it.
 
     Args:
@@ -138,6 +140,7 @@ class LocalCache(LocalUpkeepMixin, LocalCountersMixin, LocalFilesMixin, LocalFet
         self._stats_path = self.root / "stats.json"
         self._pending: Counter[str] = Counter()
         self._pending_lock = threading.Lock()
+        self._leases, self._leases_mutex = {}, threading.Lock()  # build leases held (cache_backends.local.leases)
         self._warned_stats = False
         self._size_estimate: int | None = None
         self._size_scanned_at = 0.0
@@ -154,15 +157,11 @@ class LocalCache(LocalUpkeepMixin, LocalCountersMixin, LocalFilesMixin, LocalFet
     # ------------------------------------------------------------------------------------------------ URLs
     @classmethod
     def from_url(cls, url: str, *, create: bool = True) -> LocalCache:
-        """Open ``file:///abs/dir[?max_bytes=N&read_only=1&grace_s=S&level=L&fetch_wait=S]`` (``create``: as the
-        constructor).
-
-        ``max_bytes`` is in bytes, ``grace_s`` and ``fetch_wait`` (``fetch_wait_s``) in seconds; ``read_only`` takes
-        1/0/true/false.  The path is percent-decoded.
+        """Open ``file:///abs/dir[?options]`` (the form and its options: :func:`.url.parse_file_url`); ``create``
+        as the constructor.
 
         Raises:
-            CacheURLError: the scheme is not ``file``, the URL names a host, the path is not absolute, an option
-                is unknown or malformed, or the URL has a fragment.
+            CacheURLError: as :func:`.url.parse_file_url`, or an option out of the constructor's range.
             CacheUnavailableError: as the constructor.
         """
         with redacting(url):

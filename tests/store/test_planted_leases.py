@@ -102,7 +102,8 @@ def test_a_planted_lease_of_the_right_form_costs_at_most_its_expiry(redis_server
     assert seen == [True]
 
 
-def test_a_local_cache_has_no_leases_and_builds_at_once(tmp_path):
+def test_a_local_cache_builds_at_once_when_nobody_holds_the_lease(tmp_path):
     cache = LocalCache(tmp_path)
-    assert not cache.supports_leases
+    assert cache.supports_leases
     assert get_or_build(cache, KEY, lambda: None, lambda: "built here") == ("built here", "built")
+    assert not cache.lease_held(KEY)  # given back after the build
