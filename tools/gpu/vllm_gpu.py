@@ -71,12 +71,14 @@ WANTED = ["cbor2", "msgspec", "pyzmq", "openai-harmony", "pybase64", "cachetools
           "outlines_core==0.2.14", "jsonschema>=4.23", "pydantic>=2.12", "py-cpuinfo", "gguf",
           "redis>=5", "zstandard>=0.22", "cryptography>=42",
           # xgrammar (imported by vLLM's structured-output module at start) loads its library through TVM's FFI
-          "apache-tvm-ffi>=0.1.15"]
+          "apache-tvm-ffi>=0.1.15",
+          # ``vllm serve`` (its OpenAI server, tools/bench/vllm_serve.py) imports these at start
+          "uvicorn", "model-hosting-container-standards", "jmespath", "supervisor"]
 #: Never carried: the machine's own torch stack, and kernels vLLM imports only for other models, GPUs or front ends.
 NEVER = {"torch", "torchaudio", "torchvision", "triton", "torchcodec", "pynvvideocodec", "flashinfer-python",
          "flashinfer-cubin", "tilelang", "nvidia-cutlass-dsl", "quack-kernels", "humming-kernels",
          "tokenspeed-mla", "fastsafetensors", "nvidia-cudnn-frontend", "numba", "mistral-common", "anthropic",
-         "mcp", "model-hosting-container-standards", "compressed-tensors", "opencv-python-headless", "vllm"}
+         "mcp", "compressed-tensors", "opencv-python-headless", "vllm"}
 #: The GPU machine's Python packages (the device tool's KINDS.md, image 'cuda', read 2026-11-17): never carried.
 DEVICE_HAS = set("""absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs botorch
 build certifi charset-normalizer chex click cloudpickle cmake colorama contourpy coverage cuda-bindings cuda-core
