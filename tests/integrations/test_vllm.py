@@ -183,6 +183,39 @@ def test_real_vllm_cold_then_fresh_process_hits_everything(tmp_path):
 
 
 @pytest.mark.slow
+def test_real_vllm_tensor_parallel_ranks_build_each_key_once_and_hit_on_a_new_machine(tmp_path):
+    """``tensor_parallel_size=2`` (two worker processes, one core each): both ranks start cold at once on one cache
+    directory; a piece equal on both ranks has one key and is built once, the other rank waiting for it (the
+    directory's build lease); a new machine's ranks build nothing and hit every piece and both ranks' function
+    artifacts; tokens equal vLLM's own TP=2 output without compilation."""
+    from cache_backends.registry import open_cache
+    from tools.bench.vllm import PIECE
+    from tools.cases.vllm_tiny import make_tiny_llama
+
+    model = make_tiny_llama(str(tmp_path / "tiny-llama"))
+    cache = "file://" + str(tmp_path / "pc")
+    tp = {"tensor_parallel_size": 2}
+    ranks = {"VLLM_CPU_OMP_THREADS_BIND": "0|1", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+    eager = _start(model, {**tp, "enforce_eager": True}, tmp_path / "eager", None, ranks)
+    backend = {**tp, "compilation_config": {"backend": "precompile"}}
+    cold = _start(model, backend, tmp_path / "cold", cache, ranks)
+    after_cold = open_cache(cache).counters()
+    new = _start(model, backend, tmp_path / "new-machine", cache, ranks)
+    after_new = open_cache(cache).counters()
+    pieces = PIECE.findall(cold["log"])  # (label, lo, hi, outcome, seconds, key prefix, engine) per rank x piece
+    assert len(pieces) == 6, cold["log"][-3000:]
+    built = [p[5] for p in pieces if p[3] == "built"]
+    assert sorted(built) == sorted({p[5] for p in pieces}), pieces  # each key built once, by one rank
+    assert any(p[3] == "waited" for p in pieces), pieces  # a piece equal on both ranks: the other one waited
+    assert after_cold["builds"] == len(built) and after_cold["function_builds"] == 2, after_cold
+    assert after_new["builds"] == after_cold["builds"], (after_cold, after_new)
+    assert after_new["hits"] - after_cold["hits"] == 6 and after_new["function_hits"] == 2, (after_cold, after_new)
+    assert new["log"].count("Dynamo frames traced in this process: 0") == 2, new["log"][-3000:]  # a line per rank
+    assert new["log"].count("pieces from precompile's piece map") == 2, new["log"][-3000:]
+    assert cold["tokens"] == new["tokens"] == eager["tokens"]
+
+
+@pytest.mark.slow
 def test_gpu_script_round_trip_on_cpu():
     """tools/gpu/vllm_adaptor.py (what runs on the GPU) passes here on CPU: range and single-size pieces built,
     hit by a fresh process, outputs equal to the fresh compile bit for bit."""
@@ -192,9 +225,10 @@ def test_gpu_script_round_trip_on_cpu():
     assert "RESULT: ok" in proc.stdout
 
 
-def _start(model: str, kwargs: dict, dirs, cache: str | None) -> dict:
+def _start(model: str, kwargs: dict, dirs, cache: str | None, extra_env: dict | None = None) -> dict:
     env = {"VLLM_CACHE_ROOT": str(dirs / "vllm"), "TORCHINDUCTOR_CACHE_DIR": str(dirs / "inductor"),
-           "PRECOMPILE_CACHE": cache, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "PRECOMPILE_LOG": "INFO"}
+           "PRECOMPILE_CACHE": cache, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "PRECOMPILE_LOG": "INFO",
+           **(extra_env or {})}
     proc = subprocess.run([sys.executable, str(REPO / "tools" / "cases" / "vllm_tiny.py"), "run", model,
                            json.dumps(kwargs)],
                           env=python_env(env), capture_output=True, text=True,
