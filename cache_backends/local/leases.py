@@ -39,6 +39,7 @@ from precompile.errors import CacheError, CacheReadOnlyError
 
 log = logging.getLogger("precompile.cache")
 
+
 class LocalLeasesMixin:
     """``acquire_lease``, ``renew_lease``, ``release_lease`` and ``lease_held`` of a
     :class:`~cache_backends.local.cache.LocalCache` (which provides ``root``, ``_lock_dir`` and ``read_only``)."""

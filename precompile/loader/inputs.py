@@ -1,11 +1,10 @@
 """Checking what an artifact is called with: each input against its placeholder's spec, then the size guards.
 
 Static sizes, strides, dtypes, device types (and the CUDA device index an artifact's kernels are loaded for) and
-int values are checked per placeholder; symbolic sizes (written
-as expressions like ``"s0"`` or ``"16*s0"`` in the spec) are checked by the artifact's size guards
-(:class:`precompile.key.guards.Guards`), which also bound each symbol to its range.  A failed check is an
-:class:`~precompile.errors.InputMismatchError` that names every placeholder concerned and what was expected,
-before any kernel runs.
+int values are checked per placeholder; symbolic sizes (written as expressions like ``"s0"`` or ``"16*s0"`` in
+the spec) are checked by the artifact's size guards (:class:`precompile.key.guards.Guards`), which also bound
+each symbol to its range.  A failed check is an :class:`~precompile.errors.InputMismatchError` that names every
+placeholder concerned and what was expected, before any kernel runs.
 """
 
 from __future__ import annotations
@@ -189,9 +188,9 @@ def _strides(c: InputCheck) -> tuple[int | None, ...] | None:
 def fast_check(checks: Sequence[InputCheck], skip: frozenset[int], guards: Guards | None,
                examples: Sequence[Any] | None = None) -> Callable[[Sequence[Any]], bool] | None:
     """A function ``ok(flat) -> bool`` that is True only for inputs every check accepts: per placeholder not in
-    ``skip``, a tensor of the exact dtype, device type (and CUDA device index), rank, static sizes and strides (free on dimensions of size
-    1), or a number of the exact type and specialized value; then the size guards.  False means "not sure": the
-    caller runs the full check.
+    ``skip``, a tensor of the exact dtype, device type (and CUDA device index), rank, static sizes and strides (free
+    on dimensions of size 1), or a number of the exact type and specialized value; then the size guards.  False
+    means "not sure": the caller runs the full check.
 
     The function is generated once per artifact (and per set of bound placeholders) as straight-line Python, so a
     call pays a few attribute reads and comparisons per input instead of a method call and generator per input.  Its

@@ -20,8 +20,9 @@ With ``--redis`` (default on ``--device cuda``) the cold run writes a tiered cac
 port 6399 this tool starts, as ``tools/bench/vllm.py`` does) and pc-new-redis reads Redis alone.
 
 Per start: seconds to the first completion, vLLM's engine start ("init engine ... took"), its compile seconds
-("torch.compile takes", or the compilation part of the engine start) and CUDA graph capture seconds from its log, the cache's counters (hits, builds; a warm or new-machine start must build nothing) and whether the text
-equals vLLM's cold start's.  Rows gather in ``WORKDIR/serve-rows.jsonl`` (``--only`` runs some, ``--report`` prints
+("torch.compile takes", or the compilation part of the engine start) and CUDA graph capture seconds from its log,
+the cache's counters (hits, builds; a warm or new-machine start must build nothing) and whether the text equals
+vLLM's cold start's.  Rows gather in ``WORKDIR/serve-rows.jsonl`` (``--only`` runs some, ``--report`` prints
 them all).  The last line is JSON: ``{"serve": true, "layers": n, "text_equal": ..., "builds_new_machine": 0,
 "first_completion_new_machine_s": t, "first_completion_vllm_warm_s": t2, "over_vllm_warm": t / t2}``.
 """
