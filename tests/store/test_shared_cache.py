@@ -171,7 +171,7 @@ def test_concurrent_builds_into_one_cache(tmp_path):
     counters = cache.counters()
     assert counters["builds"] == 1 and counters["errors"] == 0, counters
     assert counters["builds"] == sum(r["source"] == "compiled" for r in reports)
-    assert not (root / "locks" / "lease").exists() or not LocalCache(root).lease_held(next(iter(keys)))
+    assert not list((root / "locks" / "lease").glob("*.lock"))  # the builder gave its lease back and removed it
     assert not list(root.rglob("*.incomplete"))
     art = precompile.load(next(iter(keys)), cache=url, weights=_graphs.mlp())
     out = torch.load(tmp_path / "out0.pt", weights_only=False)
