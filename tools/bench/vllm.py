@@ -227,6 +227,22 @@ def explain(key_prefix: str, built_in: str, against: str) -> str:
     return (proc.stdout.strip() or proc.stderr.strip()).splitlines()[-1] if (proc.stdout or proc.stderr) else ""
 
 
+def only(plan: list[dict], ids: str | None) -> list[dict]:
+    """The scenarios of ``plan`` whose id is in the comma-separated ``ids`` (``--only``), in plan order; all of them
+    when ``ids`` is empty.
+
+    Raises:
+        ValueError: ``ids`` names a scenario ``plan`` does not have (the message lists the ids it has).
+    """
+    if not ids:
+        return plan
+    wanted = set(ids.split(","))
+    unknown = wanted - {sc["id"] for sc in plan}
+    if unknown:
+        raise ValueError(f"--only: no scenario {sorted(unknown)}; ids: {list(dict.fromkeys(sc['id'] for sc in plan))}")
+    return [sc for sc in plan if sc["id"] in wanted]
+
+
 def model_shape(work: Path) -> dict:
     """``{"layers": n, "hidden": h}`` of the model in ``work`` (empty when there is none yet)."""
     config_file = work / "tiny-llama" / "config.json"
@@ -269,13 +285,10 @@ def main() -> int:
                                     args.layers, args.hidden)
         except ValueError as err:
             ap.error(str(err))
-        plan = scenarios(work, max(1, args.repeat), args.device, redis)
-        if args.only:
-            wanted = set(args.only.split(","))
-            unknown = wanted - {sc["id"] for sc in plan}
-            if unknown:
-                ap.error(f"--only: no scenario {sorted(unknown)}; ids: {sorted({sc['id'] for sc in plan})}")
-            plan = [sc for sc in plan if sc["id"] in wanted]
+        try:
+            plan = only(scenarios(work, max(1, args.repeat), args.device, redis), args.only)
+        except ValueError as err:
+            ap.error(str(err))
         for i, sc in enumerate(plan, 1):
             console.log(f"[{i}/{len(plan)}] running: {sc['name']}")
             row = run_one(model, sc, work, args.device, args.timeout)

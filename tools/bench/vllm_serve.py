@@ -34,7 +34,6 @@ import json
 import os
 import re
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -45,7 +44,8 @@ REPO = Path(__file__).resolve().parents[2]
 if __name__ == "__main__":  # run by path: the repository root in place of this folder (tools/__init__.py)
     sys.path[0] = str(REPO)
 
-from tools.bench.vllm import BACKEND, INIT, counters, model_shape, start_redis  # noqa: E402
+from tools._common import free_port  # noqa: E402
+from tools.bench.vllm import BACKEND, INIT, counters, model_shape, only, start_redis  # noqa: E402
 from tools.cases.vllm_tiny import ENV, make_tiny_llama  # noqa: E402
 
 PROMPT = "w11 w5 w9 w200 w300 w7"
@@ -86,12 +86,6 @@ def scenarios(work: Path, redis: str | None) -> list[dict]:
     return out
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _stop(proc: subprocess.Popen) -> None:
     """SIGINT to the server's process group (the API server and its engine process), SIGKILL after 60 s."""
     for sig, wait_s in ((signal.SIGINT, 60), (signal.SIGKILL, None)):
@@ -117,7 +111,7 @@ def serve_once(model: str, sc: dict, work: Path, device: str, timeout: float) ->
 
     dirs = work / sc["dirs"]
     dirs.mkdir(parents=True, exist_ok=True)
-    port = _free_port()
+    port = free_port()
     env = dict(os.environ, **ENV, VLLM_CACHE_ROOT=str(dirs / "vllm"), TORCHINDUCTOR_CACHE_DIR=str(dirs / "inductor"),
                TRITON_CACHE_DIR=str(dirs / "triton"), PRECOMPILE_LOG="INFO",
                PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
@@ -222,13 +216,10 @@ def main() -> int:
         model = make_tiny_llama(str(work / "tiny-llama"), "gpu" if args.device == "cuda" else "cpu",
                                 args.layers, args.hidden)
         add_word_tokenizer(model)
-        plan = scenarios(work, redis)
-        if args.only:
-            wanted = set(args.only.split(","))
-            unknown = wanted - {sc["id"] for sc in plan}
-            if unknown:
-                ap.error(f"--only: no start {sorted(unknown)}; ids: {[sc['id'] for sc in plan]}")
-            plan = [sc for sc in plan if sc["id"] in wanted]
+        try:
+            plan = only(scenarios(work, redis), args.only)
+        except ValueError as err:
+            ap.error(str(err))
         for i, sc in enumerate(plan, 1):
             print(f"[{i}/{len(plan)}] {sc['name']} ...", file=sys.stderr, flush=True)
             row = serve_once(model, sc, work, args.device, args.timeout)
