@@ -239,7 +239,8 @@ def only(plan: list[dict], ids: str | None) -> list[dict]:
     wanted = set(ids.split(","))
     unknown = wanted - {sc["id"] for sc in plan}
     if unknown:
-        raise ValueError(f"--only: no scenario {sorted(unknown)}; ids: {list(dict.fromkeys(sc['id'] for sc in plan))}")
+        ids_there = list(dict.fromkeys(sc["id"] for sc in plan))
+        raise ValueError(f"--only: no scenario {sorted(unknown)}; ids: {ids_there}")
     return [sc for sc in plan if sc["id"] in wanted]
 
 
